@@ -1,0 +1,3 @@
+from impactrl.cli import main
+
+main()
