@@ -1,0 +1,28 @@
+"""Networks: torsos (observation encoders), policy/value heads, and the recurrent agent."""
+
+from impactrl.models.agent import (
+    Agent,
+    AgentInput,
+    AgentOutput,
+    build_agent,
+    build_torso,
+    supported_torsos,
+)
+from impactrl.models.heads import CategoricalHead, PolicyHead, ValueHead
+from impactrl.models.torsos import MinAtarTorso, MLPTorso, ResNetTorso, ShallowCNNTorso
+
+__all__ = [
+    "Agent",
+    "AgentInput",
+    "AgentOutput",
+    "build_agent",
+    "build_torso",
+    "supported_torsos",
+    "PolicyHead",
+    "CategoricalHead",
+    "ValueHead",
+    "MLPTorso",
+    "MinAtarTorso",
+    "ShallowCNNTorso",
+    "ResNetTorso",
+]

@@ -1,0 +1,70 @@
+"""IMPALA: the V-trace actor-critic loss (Espeholt et al. 2018, §4; ALGORITHMS.md §b.1).
+
+L = -Σ log π(a_t|x_t) · A_t  +  baseline_cost · ½ Σ (v_t - V(x_t))²  -  entropy_cost · Σ H(π(·|x_t))
+
+summed over the T×B steps of the batch as in the paper, so RMSProp's ε and the gradient-norm
+clip keep the paper's scale. v_t and A_t come from V-trace and are constants.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from impactrl.algos.base import Algorithm
+from impactrl.data.rollout import Batch, core_state
+from impactrl.models import AgentInput
+from impactrl.ops.returns import bootstrap_truncations
+from impactrl.ops.vtrace import vtrace_from_importance_weights
+
+
+def to_floats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """One device-to-host transfer for all statistics instead of one sync per value."""
+    values = torch.stack([value.detach().float() for value in stats.values()]).tolist()
+    return dict(zip(stats, values))
+
+
+def transform_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "abs_one":
+        return rewards.clamp(-1.0, 1.0)
+    return rewards
+
+
+class Impala(Algorithm):
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        c = self.config
+        return torch.optim.RMSprop(self.agent.parameters(), lr=c.learning_rate, alpha=c.rmsprop_alpha,
+                                   eps=c.rmsprop_eps, momentum=c.rmsprop_momentum)
+
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        c = self.config
+        head = self.agent.policy_head
+        inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"])
+        output, _ = self.agent(inputs, core_state(batch))
+        policy, values, bootstrap_value = output.policy[:-1], output.value[:-1], output.value[-1]
+
+        log_prob = head.log_prob(policy, batch["action"])
+        log_rhos = log_prob.detach() - batch["behaviour_log_prob"]
+        rewards, discounts, trace_discounts = bootstrap_truncations(
+            transform_rewards(batch["reward"], c.reward_clip), batch["terminated"], batch["truncated"],
+            batch["truncation_value"], c.discount)
+        vtrace = vtrace_from_importance_weights(
+            log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
+            clip_rho_threshold=c.clip_rho_threshold, clip_pg_rho_threshold=c.clip_pg_rho_threshold,
+            clip_c_threshold=c.clip_c_threshold, lambda_=c.vtrace_lambda, trace_discounts=trace_discounts)
+
+        pg_loss = -(log_prob * vtrace.pg_advantages).sum()
+        baseline_loss = 0.5 * (vtrace.vs - values).pow(2).sum()
+        entropy = head.entropy(policy)
+        loss = pg_loss + c.baseline_cost * baseline_loss - c.entropy_cost * entropy.sum()
+        rhos = log_rhos.exp()
+        clipped = (rhos > c.clip_rho_threshold).float().mean() if c.clip_rho_threshold is not None else rhos.new_zeros(())
+        stats = {
+            "loss/policy": pg_loss / log_prob.numel(),
+            "loss/baseline": baseline_loss / log_prob.numel(),
+            "loss/entropy": entropy.mean(),
+            "vtrace/rho_mean": rhos.mean(),
+            "vtrace/rho_clipped_fraction": clipped,
+            "value/mean": values.mean(),
+            "value/target_mean": vtrace.vs.mean(),
+        }
+        return loss, to_floats(stats)

@@ -1,0 +1,160 @@
+"""``impactrl train`` and ``impactrl eval``.
+
+Every mistake a user can make is found here, before any process starts or any file is
+written, and reported as one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import tyro
+
+from impactrl.config import PRESETS, TrainConfig, coerce, load_yaml, problems, to_yaml
+from impactrl.errors import UserError
+
+USAGE = """usage: impactrl {train,eval} ...
+
+  impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
+  impactrl train --resume RUN_DIR                                      continue a stopped run
+  impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
+"""
+
+
+def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None]:
+    """Defaults < env-family preset < --config FILE.yaml (< the resumed run's config) < flags."""
+    from impactrl.envs import check_env_id, env_family
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    pre.add_argument("--resume", type=Path)
+    pre.add_argument("--env")
+    known, rest = pre.parse_known_args(list(argv))
+    if known.resume is not None:
+        saved = known.resume / "config.yaml"
+        if not saved.exists():
+            raise UserError(f"--resume {known.resume}: no config.yaml there, so it is not an impactrl run directory")
+        values = load_yaml(saved)
+        values["out"] = known.resume
+    else:
+        values = {}
+        env_id = known.env or (load_yaml(known.config).get("env") if known.config else None) or TrainConfig.env
+        check_env_id(env_id)
+        values.update(PRESETS[env_family(env_id)])
+    if known.config is not None:
+        values.update(load_yaml(known.config))
+    if known.env is not None:
+        values["env"] = known.env
+    base = dataclasses.replace(TrainConfig(), **coerce(values, "config"))
+    if "-h" in rest or "--help" in rest:
+        print("  --config FILE.yaml    settings to start from (flags override them)\n"
+              "  --resume RUN_DIR      continue the run in RUN_DIR from its latest checkpoint\n")
+    config = tyro.cli(TrainConfig, default=base, args=rest, prog="impactrl train")
+    return config, known.resume
+
+
+def validate_train(config: TrainConfig, resume: Path | None):
+    """Check everything that can be checked without starting a process; return what was loaded."""
+    import torch
+
+    from impactrl.build import env_options, make_agent, make_training_env
+    from impactrl.checkpoint import load_checkpoint
+    from impactrl.envs import check_env_id
+
+    found = problems(config) + env_options(config).problems()
+    if found:
+        raise UserError("; ".join(found))
+    check_env_id(config.env)
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
+    env = make_training_env(config)
+    try:
+        make_agent(config, env.observation_space, env.action_space)
+    finally:
+        env.close()
+    run_dir = config.run_dir()
+    checkpoint = None
+    if resume is not None:
+        checkpoint = load_checkpoint(run_dir)
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(f"--out {run_dir} already holds files; continue it with --resume {run_dir} or pick a new --out")
+    return checkpoint
+
+
+def create_run_dir(run_dir: Path) -> None:
+    """Create RUN_DIR (and missing parents); on failure remove what was made and explain."""
+    missing = []
+    parent = run_dir
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        for made in missing:
+            if made.exists():
+                shutil.rmtree(made, ignore_errors=True)
+        raise UserError(f"--out {run_dir} is not writable: {error.strerror or error}") from None
+
+
+def train(argv: Sequence[str]) -> int:
+    config, resume = resolve_train_config(argv)
+    checkpoint = validate_train(config, resume)
+    run_dir = config.run_dir()
+    create_run_dir(run_dir)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+
+    from impactrl.training import train_local
+
+    counters = train_local(config, run_dir, checkpoint)
+    print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
+          f"{counters.wall_time_s:.1f}s; run in {run_dir}")
+    return 0
+
+
+def evaluate(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="impactrl eval", description="Play episodes with a trained agent "
+                                     "(whole games, no episodic life) and print one JSON line.")
+    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or a checkpoint file")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs (default 12345)")
+    parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs stepped in lockstep (default 8)")
+    args = parser.parse_args(list(argv))
+    if args.episodes < 1:
+        raise UserError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.num_envs < 1:
+        raise UserError(f"--num-envs must be >= 1, got {args.num_envs}")
+    from impactrl.evaluation import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs)
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"train": train, "eval": evaluate}
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        sys.exit(0 if argv else 2)
+    if argv[0] not in commands:
+        print(f"impactrl: error: unknown command {argv[0]!r} (use train or eval)", file=sys.stderr)
+        sys.exit(2)
+    try:
+        sys.exit(commands[argv[0]](argv[1:]))
+    except UserError as error:
+        print(f"impactrl {argv[0]}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("impactrl: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,239 @@
+"""Training configuration: one typed, frozen dataclass whose fields are the CLI flags.
+
+Resolution order (later wins): field defaults < the env family's preset < ``--config FILE.yaml``
+< flags on the command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts
+from it. Values derived from others (unrolls per slot, number of slots) are properties, never
+fields rewritten after parsing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from impactrl.errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train an agent with IMPALA on many actor processes and one learner."""
+
+    # --- what to run --------------------------------------------------------------------------
+    algo: Literal["impala"] = "impala"
+    """Algorithm: IMPALA (V-trace actor-critic)."""
+    env: str = "CartPole-v1"
+    """Gymnasium id: CartPole-v1, MinAtar/Breakout-v1, ALE/Pong-v5, impactrl/CartPoleNoVelocity-v1, ..."""
+    total_env_steps: int = 500_000
+    """Stop after this many environment steps (agent steps; an Atari step is frame_skip frames)."""
+    seed: int = 1
+    """Seed for the learner's initialisation and, offset per actor and env, for the environments."""
+    out: Path | None = None
+    """Run directory for metrics.jsonl, tb/, config.yaml and checkpoints/ (default: runs/ENV-ALGO-seedS)."""
+    runtime: Literal["local"] = "local"
+    """Where actors and learner run: local = processes and shared memory on this machine."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Learner device; actors always run on the CPU."""
+
+    # --- actors -------------------------------------------------------------------------------
+    num_actors: int = 2
+    """Actor processes, each stepping envs_per_actor environments with batched inference."""
+    envs_per_actor: int = 8
+    """Environments stepped in lockstep by one actor process."""
+    unroll_length: int = 20
+    """Steps per unroll (T); each unroll also carries the next observation for bootstrapping."""
+    batch_size: int = 32
+    """Unrolls (one per environment) per learner batch; a multiple of envs_per_actor."""
+    queue_slots: int = 0
+    """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
+
+    # --- environment --------------------------------------------------------------------------
+    frame_skip: int = 4
+    """Atari: action repeat, max-pooling the last two frames."""
+    frame_stack: int = 4
+    """Atari: frames stacked into one observation."""
+    noop_max: int = 30
+    """Atari: at most this many random no-ops after a reset."""
+    sticky_action_prob: float | None = None
+    """Atari: probability of repeating the previous action (None = the env id's default)."""
+    episodic_life: bool = True
+    """Atari: a lost life ends the training episode (evaluation always plays whole games)."""
+    max_episode_steps: int | None = None
+    """Truncate episodes after this many steps (None = the env's own limit)."""
+
+    # --- model --------------------------------------------------------------------------------
+    torso: Literal["auto", "mlp", "minatar", "shallow_cnn", "resnet"] = "auto"
+    """Feature extractor: auto picks mlp (vectors), minatar (small grids), shallow_cnn (Atari)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the MLP torso."""
+    use_lstm: bool = False
+    """Add an LSTM core fed with the previous action and clipped reward."""
+    lstm_size: int = 256
+    """Hidden units of the LSTM core."""
+
+    # --- loss (Espeholt et al. 2018) --------------------------------------------------------------
+    discount: float = 0.99
+    """Discount factor gamma."""
+    baseline_cost: float = 0.5
+    """Weight of the value loss."""
+    entropy_cost: float = 0.01
+    """Weight of the entropy bonus."""
+    reward_clip: Literal["none", "abs_one"] = "none"
+    """Reward transform in the loss: abs_one clips to [-1, 1] (returns are logged unclipped)."""
+    clip_rho_threshold: float | None = 1.0
+    """V-trace rho-bar: clips the importance weight in the TD error (None = no clipping)."""
+    clip_pg_rho_threshold: float | None = 1.0
+    """V-trace rho-bar for the policy-gradient advantage (None = no clipping)."""
+    clip_c_threshold: float | None = 1.0
+    """V-trace c-bar: clips the trace coefficients (None = no clipping)."""
+    vtrace_lambda: float = 1.0
+    """V-trace lambda: c_t = lambda * min(c-bar, rho_t)."""
+
+    # --- optimiser (RMSProp, as in the IMPALA paper) ------------------------------------------
+    learning_rate: float = 6e-4
+    """RMSProp learning rate."""
+    rmsprop_alpha: float = 0.99
+    """RMSProp smoothing constant (decay)."""
+    rmsprop_eps: float = 0.01
+    """RMSProp epsilon (losses are summed over the batch, as in the paper, so 0.01 is small)."""
+    rmsprop_momentum: float = 0.0
+    """RMSProp momentum."""
+    lr_decay: bool = True
+    """Anneal the learning rate linearly to 0 over total_env_steps."""
+    grad_norm_clip: float = 40.0
+    """Clip the global gradient norm to this value."""
+
+    # --- logging and checkpoints --------------------------------------------------------------
+    log_interval_s: float = 5.0
+    """Seconds between metrics lines (terminal, metrics.jsonl, TensorBoard)."""
+    checkpoint_interval_s: float = 300.0
+    """Seconds between checkpoints; one is always written at the end."""
+    keep_checkpoints: int = 3
+    """How many checkpoints to keep on disk."""
+
+    # --- derived values -------------------------------------------------------------------------
+    @property
+    def slots_per_batch(self) -> int:
+        """Actor unrolls (shared-memory slots) that make one learner batch."""
+        return self.batch_size // self.envs_per_actor
+
+    @property
+    def num_slots(self) -> int:
+        """Shared-memory rollout slots: enough for every actor to write while a batch trains."""
+        return self.queue_slots or 2 * self.num_actors + 2 * self.slots_per_batch
+
+    @property
+    def steps_per_batch(self) -> int:
+        return self.batch_size * self.unroll_length
+
+    def run_dir(self) -> Path:
+        return self.out if self.out is not None else Path("runs") / f"{self.env.replace('/', '_')}-{self.algo}-seed{self.seed}"
+
+
+def problems(config: TrainConfig) -> list[str]:
+    """Every problem with a config's values, each as a short phrase (empty when all is well)."""
+    found: list[str] = []
+    positive = ("total_env_steps", "num_actors", "envs_per_actor", "unroll_length", "batch_size",
+                "lstm_size", "frame_skip", "frame_stack", "keep_checkpoints")
+    for name in positive:
+        value = getattr(config, name)
+        if value < 1:
+            found.append(f"{name} must be >= 1, got {value}")
+    if any(size < 1 for size in config.hidden_sizes) or not config.hidden_sizes:
+        found.append(f"hidden_sizes must be positive integers, got {list(config.hidden_sizes)}")
+    if config.batch_size >= 1 and config.envs_per_actor >= 1 and config.batch_size % config.envs_per_actor:
+        found.append(f"batch_size={config.batch_size} must be a multiple of envs_per_actor={config.envs_per_actor}")
+    if config.queue_slots < 0:
+        found.append(f"queue_slots must be >= 0, got {config.queue_slots}")
+    elif config.queue_slots and config.slots_per_batch >= 1 and config.queue_slots < config.slots_per_batch + 1:
+        found.append(f"queue_slots={config.queue_slots} must be >= {config.slots_per_batch + 1} "
+                     "(one batch plus one slot an actor can write)")
+    if not 0.0 <= config.discount <= 1.0:
+        found.append(f"discount must be in [0, 1], got {config.discount}")
+    if not 0.0 <= config.vtrace_lambda <= 1.0:
+        found.append(f"vtrace_lambda must be in [0, 1], got {config.vtrace_lambda}")
+    for name in ("clip_rho_threshold", "clip_pg_rho_threshold", "clip_c_threshold"):
+        value = getattr(config, name)
+        if value is not None and not value > 0:
+            found.append(f"{name} must be > 0 or None, got {value}")
+    for name in ("baseline_cost", "entropy_cost", "rmsprop_momentum", "noop_max"):
+        if getattr(config, name) < 0:
+            found.append(f"{name} must be >= 0, got {getattr(config, name)}")
+    for name in ("learning_rate", "rmsprop_eps", "grad_norm_clip", "log_interval_s", "checkpoint_interval_s"):
+        value = getattr(config, name)
+        if not (value > 0 and math.isfinite(value)):
+            found.append(f"{name} must be > 0, got {value}")
+    if not 0.0 < config.rmsprop_alpha < 1.0:
+        found.append(f"rmsprop_alpha must be in (0, 1), got {config.rmsprop_alpha}")
+    if config.sticky_action_prob is not None and not 0.0 <= config.sticky_action_prob <= 1.0:
+        found.append(f"sticky_action_prob must be in [0, 1], got {config.sticky_action_prob}")
+    if config.max_episode_steps is not None and config.max_episode_steps < 1:
+        found.append(f"max_episode_steps must be >= 1, got {config.max_episode_steps}")
+    return found
+
+
+# Per-family presets: settings that differ from the defaults because the family needs them.
+PRESETS: dict[str, dict[str, Any]] = {
+    "classic": dict(
+        envs_per_actor=8, batch_size=16, learning_rate=1e-3, rmsprop_eps=1e-5, lr_decay=False,
+        entropy_cost=0.01, hidden_sizes=(64, 64),
+    ),
+    "minatar": dict(
+        envs_per_actor=16, batch_size=32, learning_rate=6e-4, entropy_cost=0.01,
+    ),
+    # IMPALA paper, Atari (ALGORITHMS.md §b.2): RMSProp 6e-4 annealed to 0, entropy 0.01,
+    # baseline 0.5, rewards clipped to [-1, 1], batch 32 unrolls of 20, grad-norm clip 40.
+    "atari": dict(
+        envs_per_actor=8, batch_size=32, learning_rate=6e-4, lr_decay=True, entropy_cost=0.01,
+        reward_clip="abs_one", total_env_steps=10_000_000,
+    ),
+}
+
+
+def field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check keys from a YAML file against the fields and turn lists into tuples."""
+    unknown = sorted(set(values) - field_names())
+    if unknown:
+        raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}")
+    out = dict(values)
+    if "hidden_sizes" in out and isinstance(out["hidden_sizes"], list):
+        out["hidden_sizes"] = tuple(out["hidden_sizes"])
+    if out.get("out") is not None:
+        out["out"] = Path(out["out"])
+    return out
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise UserError(f"cannot read config file {path}: {str(error).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of setting: value")
+    return coerce(data, str(path))
+
+
+def to_yaml(config: TrainConfig) -> str:
+    values = dataclasses.asdict(config)
+    values["hidden_sizes"] = list(config.hidden_sizes)
+    values["out"] = str(config.out) if config.out is not None else None
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def with_values(config: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    return dataclasses.replace(config, **values)
+
+
+__all__ = ["TrainConfig", "problems", "PRESETS", "load_yaml", "to_yaml", "coerce", "with_values", "field"]

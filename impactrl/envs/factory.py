@@ -1,0 +1,323 @@
+"""Build Gymnasium environments with the preprocessing each family needs.
+
+Families (see :func:`env_family`):
+
+- ``"atari"``   — ALE ids (``ALE/Pong-v5``, ``PongNoFrameskip-v4``, … any id whose env is an
+  ``ale_py`` ``AtariEnv``): DeepMind preprocessing, uint8 ``(frame_stack, 84, 84)`` observations.
+- ``"minatar"`` — ``MinAtar/*`` ids: uint8 ``(C, 10, 10)`` observations.
+- ``"classic"`` — any other registered Gymnasium id (CartPole, MuJoCo, ``impactrl/*`` …), as is.
+
+Registration of the ALE, MinAtar and impactrl ids happens lazily, once, in :func:`register_all`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import numbers
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
+
+from impactrl.errors import UserError
+from impactrl.envs.wrappers import ChannelsFirstUint8, EpisodicLife
+
+__all__ = [
+    "EnvOptions",
+    "EnvFamily",
+    "CARTPOLE_NO_VELOCITY_ID",
+    "register_all",
+    "env_family",
+    "check_env_id",
+    "make_env",
+]
+
+EnvFamily = Literal["atari", "minatar", "classic"]
+CARTPOLE_NO_VELOCITY_ID = "impactrl/CartPoleNoVelocity-v1"
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """How :func:`make_env` builds an environment. Atari-only fields are ignored elsewhere."""
+
+    frame_skip: int = 4  # Atari only: action repeat with max-pool over the last two frames
+    frame_stack: int = 4  # Atari only
+    noop_max: int = 30  # Atari only: random no-ops at reset
+    screen_size: int = 84  # Atari only
+    sticky_action_prob: float | None = None  # Atari only: None = the id's default (0.25 for v5)
+    episodic_life: bool = True  # Atari only, training only: a life loss ends the training episode
+    max_episode_steps: int | None = None  # None = the env's registered limit
+
+    def problems(self) -> list[str]:
+        """Every out-of-range option, each as a short phrase; empty when all are valid."""
+        out: list[str] = []
+        for name, minimum in (("frame_skip", 1), ("frame_stack", 1), ("noop_max", 0), ("screen_size", 8)):
+            problem = _int_problem(name, getattr(self, name), minimum)
+            if problem:
+                out.append(problem)
+        if self.max_episode_steps is not None:
+            problem = _int_problem("max_episode_steps", self.max_episode_steps, 1)
+            if problem:
+                out.append(problem + " (or None for the registered limit)")
+        p = self.sticky_action_prob
+        if p is not None:
+            if isinstance(p, bool) or not isinstance(p, numbers.Real):
+                out.append(f"sticky_action_prob must be a number in [0, 1] or None, got {p!r}")
+            elif not (0.0 <= float(p) <= 1.0):  # also rejects NaN
+                out.append(f"sticky_action_prob must be in [0, 1], got {p!r}")
+        if not isinstance(self.episodic_life, bool):
+            out.append(f"episodic_life must be true or false, got {self.episodic_life!r}")
+        return out
+
+
+def _int_problem(name: str, value: object, minimum: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return f"{name} must be an integer ≥ {minimum}, got {value!r}"
+    if value < minimum:
+        return f"{name} must be ≥ {minimum}, got {value}"
+    return None
+
+
+# --------------------------------------------------------------------------- registration
+
+_registered = False
+_register_lock = threading.Lock()
+
+
+def register_all() -> None:
+    """Register the ALE, MinAtar and ``impactrl/*`` ids with Gymnasium. Idempotent, thread-safe."""
+    global _registered
+    if _registered:
+        return
+    with _register_lock:
+        if _registered:
+            return
+        import ale_py
+
+        gym.register_envs(ale_py)
+
+        if "MinAtar/Breakout-v1" not in gym.registry:
+            # minatar.gym logs "Cannot import seaborn" at import time; seaborn only matters for
+            # rgb_array rendering, so keep that warning out of every run's output.
+            previous = logging.root.manager.disable
+            logging.disable(logging.WARNING)
+            try:
+                from minatar.gym import register_envs as register_minatar
+            finally:
+                logging.disable(previous)
+            register_minatar()
+
+        if CARTPOLE_NO_VELOCITY_ID not in gym.registry:
+            cartpole = gym.spec("CartPole-v1")
+            gym.register(
+                id=CARTPOLE_NO_VELOCITY_ID,
+                entry_point="impactrl.envs.wrappers:make_cartpole_no_velocity",
+                max_episode_steps=cartpole.max_episode_steps,
+                reward_threshold=cartpole.reward_threshold,
+            )
+        _registered = True
+
+
+# --------------------------------------------------------------------------- ids
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`UserError` (one line, with a suggestion when one is close) unless ``env_id``
+    names a registered environment."""
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise UserError(
+            f"malformed environment id {env_id!r}; expected a Gymnasium id such as 'CartPole-v1'"
+        )
+    register_all()
+    if env_id in gym.registry:
+        return
+    if ":" in env_id:  # "module:EnvName-v0": gym.make imports the module, which registers ids
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - anything here means "cannot find it"
+            raise UserError(
+                f"environment id {env_id!r}: cannot import module {module!r} ({_one_line(exc)})"
+            ) from None
+        if name in gym.registry:
+            return
+        raise UserError(f"unknown environment id {env_id!r}: module {module!r} registers no id {name!r}")
+
+    from gymnasium.envs.registration import parse_env_id
+
+    try:
+        parse_env_id(env_id)
+        what = "unknown environment id"
+    except Exception:  # noqa: BLE001 - gymnasium raises error.Error for a malformed id
+        what = "unknown (malformed) environment id"
+    by_lower: dict[str, str] = {}
+    for key in gym.registry:
+        by_lower.setdefault(key.lower(), key)
+    close = difflib.get_close_matches(env_id.strip().lower(), list(by_lower), n=1, cutoff=0.6)
+    if close:
+        raise UserError(f"{what} {env_id!r}; did you mean {by_lower[close[0]]!r}?")
+    raise UserError(
+        f"{what} {env_id!r}; no registered id is close "
+        "(known: Gymnasium ids, ALE/<Game>-v5, MinAtar/<Game>-v1, impactrl/CartPoleNoVelocity-v1)"
+    )
+
+
+def env_family(env_id: str) -> EnvFamily:
+    """``"atari"`` for ids whose env is an ale_py ``AtariEnv``, ``"minatar"`` for ``MinAtar/*``,
+    ``"classic"`` for any other registered Gymnasium id. Unknown ids raise :class:`UserError`."""
+    check_env_id(env_id)
+    spec = _spec(env_id)
+    entry_point = spec.entry_point
+    if spec.namespace == "MinAtar" or (isinstance(entry_point, str) and entry_point.startswith("minatar")):
+        return "minatar"
+    if _is_atari_entry_point(entry_point):
+        return "atari"
+    return "classic"
+
+
+def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The spec of a checked id, also in the ``module:EnvName-v0`` form."""
+    return gym.spec(env_id.partition(":")[2] if ":" in env_id else env_id)
+
+
+def _is_atari_entry_point(entry_point: object) -> bool:
+    from ale_py.env import AtariEnv
+
+    if isinstance(entry_point, str):
+        if entry_point == "ale_py.env:AtariEnv":
+            return True
+        if not entry_point.startswith("ale_py"):
+            return False
+        from gymnasium.envs.registration import load_env_creator
+
+        try:
+            entry_point = load_env_creator(entry_point)
+        except Exception:  # noqa: BLE001
+            return False
+    return isinstance(entry_point, type) and issubclass(entry_point, AtariEnv)
+
+
+# --------------------------------------------------------------------------- make_env
+
+
+def make_env(
+    env_id: str,
+    options: EnvOptions = EnvOptions(),
+    *,
+    seed: int | None = None,
+    training: bool = True,
+) -> gym.Env:
+    """Build one environment for ``env_id`` with its family's preprocessing.
+
+    Episode statistics contract: every env is wrapped, innermost (right after ``gym.make``), in
+    ``gymnasium.wrappers.RecordEpisodeStatistics``. ``info["episode"]`` (``{"r": return,
+    "l": length, "t": seconds}``) therefore appears in a step's info exactly when a REAL episode
+    (a whole game) ends — terminated or truncated — and never otherwise. The actor reads episode
+    returns from ``info["episode"]``, never by summing the rewards it sees: under Atari episodic
+    life a life loss gives ``terminated=True`` without an ``"episode"`` key, and at game over
+    ``info["episode"]["r"]`` is the full-game (unclipped) score. For Atari, ``"l"`` counts
+    emulator frames (including the reset no-ops), not agent steps.
+
+    Wrappers, innermost first:
+
+    - atari: ``gym.make(env_id, frameskip=1, full_action_space=False[, repeat_action_probability])``
+      → RecordEpisodeStatistics → AtariPreprocessing(noop_max, frame_skip, screen_size, grayscale,
+      uint8) → FrameStackObservation(frame_stack) → EpisodicLife (only if ``training`` and
+      ``options.episodic_life``). Observation: uint8 ``(frame_stack, screen_size, screen_size)``.
+    - minatar: ``gym.make`` → RecordEpisodeStatistics → ChannelsFirstUint8. Observation: uint8
+      ``(C, 10, 10)`` in {0, 1}.
+    - classic: ``gym.make`` → RecordEpisodeStatistics.
+
+    ``options.max_episode_steps`` (None = the registered limit) counts agent steps. For
+    classic/MinAtar it goes to ``gym.make`` (a TimeLimit); for Atari it becomes the ALE's
+    ``max_num_frames_per_episode = max_episode_steps * frame_skip`` (an emulator-frame limit that
+    also counts the reset no-ops; the v5 default is 108,000 frames).
+
+    Seeding: ``make_env`` does not reset the env. With ``seed`` it only seeds the action space
+    (``env.action_space.seed(seed)``); the caller must call ``env.reset(seed=seed)`` the first
+    time to seed the environment itself.
+
+    Raises :class:`UserError` (one line) for an unknown id, invalid options, or when the
+    environment cannot be created (e.g. a missing optional dependency such as MuJoCo).
+    """
+    check_env_id(env_id)
+    if not isinstance(options, EnvOptions):
+        raise UserError(f"options must be an EnvOptions, got {type(options).__name__}")
+    problems = options.problems()
+    if problems:
+        raise UserError("; ".join(problems))
+
+    family = env_family(env_id)
+    if family == "atari":
+        env = _make_atari(env_id, options, training=training)
+    elif family == "minatar":
+        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps)
+        env = RecordEpisodeStatistics(env)
+        env = ChannelsFirstUint8(env)
+    else:
+        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps)
+        env = RecordEpisodeStatistics(env)
+
+    if seed is not None:
+        env.action_space.seed(seed)
+    return env
+
+
+def _make_atari(env_id: str, options: EnvOptions, *, training: bool) -> gym.Env:
+    kwargs: dict[str, object] = {"frameskip": 1, "full_action_space": False}
+    if options.sticky_action_prob is not None:
+        kwargs["repeat_action_probability"] = float(options.sticky_action_prob)
+    if options.max_episode_steps is not None:
+        kwargs["max_num_frames_per_episode"] = int(options.max_episode_steps) * int(options.frame_skip)
+    env = _gym_make(env_id, **kwargs)
+    env = RecordEpisodeStatistics(env)
+    env = AtariPreprocessing(
+        env,
+        noop_max=int(options.noop_max),
+        frame_skip=int(options.frame_skip),
+        screen_size=int(options.screen_size),
+        terminal_on_life_loss=False,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+    env = FrameStackObservation(env, int(options.frame_stack))
+    if training and options.episodic_life:
+        env = EpisodicLife(env)
+    return env
+
+
+def _gym_make(env_id: str, **kwargs: object) -> gym.Env:
+    """``gym.make`` with its failures for a known id turned into a one-line :class:`UserError`."""
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        raise UserError(_missing_dependency_message(env_id, exc)) from exc
+    except ImportError as exc:
+        raise UserError(
+            f"environment {env_id!r} needs a package that is not installed: {_one_line(exc)}"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - any other creation failure, cause kept as __cause__
+        raise UserError(
+            f"could not create environment {env_id!r}: {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
+
+
+def _missing_dependency_message(env_id: str, exc: BaseException) -> str:
+    text = _one_line(exc)
+    spec = _spec(env_id)
+    where = f"{spec.entry_point} {text}".lower()
+    if "mujoco" in where:
+        return f"environment {env_id!r} needs MuJoCo: pip install 'impactrl[mujoco]'"
+    if "box2d" in where:
+        return f"environment {env_id!r} needs Box2D: pip install swig 'gymnasium[box2d]'"
+    return f"environment {env_id!r} needs a package that is not installed: {text}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+

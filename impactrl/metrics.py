@@ -1,0 +1,112 @@
+"""Where metrics go: ``metrics.jsonl``, TensorBoard (``tb/``) and one terminal line per interval.
+
+Keys in ``metrics.jsonl`` (one JSON object per log interval; documented in docs/metrics.md):
+env_steps, learner_updates, wall_time_s, episode_return_mean (episodes finished since the
+previous line; null if none), episodes, env_steps_per_s, policy_lag_mean, policy_lag_max,
+plus namespaced statistics (loss/..., vtrace/..., time/..., actor/<id>/...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path, terminal: TextIO | None = sys.stdout):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        self.tensorboard = SummaryWriter(str(Path(run_dir) / "tb"))
+        self.terminal = terminal
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.jsonl.write(json.dumps(record) + "\n")
+        step = record["env_steps"]
+        for key, value in flatten(record).items():
+            if key != "env_steps" and isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                self.tensorboard.add_scalar(key, value, step)
+        if self.terminal is not None:
+            print(terminal_line(record), file=self.terminal, flush=True)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        self.tensorboard.close()
+
+
+def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def terminal_line(record: dict[str, Any]) -> str:
+    ret = record["episode_return_mean"]
+    ret_text = f"{ret:9.2f}" if ret is not None else "        -"
+    lag = record["policy_lag_mean"]
+    lag_text = f"{lag:5.2f}" if lag is not None else "    -"
+    return (f"[{record['wall_time_s']:7.1f}s] steps {record['env_steps']:>11,}  "
+            f"{record['env_steps_per_s']:>8,.0f}/s  return {ret_text} ({record['episodes']} ep)  "
+            f"lag {lag_text}  updates {record['learner_updates']:,}")
+
+
+class IntervalStats:
+    """Accumulates what happens between two metrics lines."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.returns: list[float] = []
+        self.lengths: list[float] = []
+        self.lags: list[np.ndarray] = []
+        self.ages: list[np.ndarray] = []
+        self.actor_ids: list[np.ndarray] = []
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        self.returns.extend(returns.tolist())
+        self.lengths.extend(lengths.tolist())
+
+    def add_unrolls(self, actor_ids: np.ndarray, lags: np.ndarray, ages_s: np.ndarray) -> None:
+        self.actor_ids.append(actor_ids)
+        self.lags.append(lags)
+        self.ages.append(ages_s)
+
+    def add(self, stats: dict[str, float]) -> None:
+        for key, value in stats.items():
+            self.sums[key] += value
+            self.counts[key] += 1
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
+            "episode_length_mean": float(np.mean(self.lengths)) if self.lengths else None,
+            "episodes": len(self.returns),
+        }
+        if self.lags:
+            lags, ages, ids = np.concatenate(self.lags), np.concatenate(self.ages), np.concatenate(self.actor_ids)
+            out["policy_lag_mean"] = float(lags.mean())
+            out["policy_lag_max"] = int(lags.max())
+            out["data_age_mean_s"] = float(ages.mean())
+            out["actor"] = {
+                str(actor): {"policy_lag_mean": float(lags[ids == actor].mean()),
+                             "data_age_mean_s": float(ages[ids == actor].mean())}
+                for actor in np.unique(ids).tolist()
+            }
+        else:
+            out.update(policy_lag_mean=None, policy_lag_max=None, data_age_mean_s=None)
+        for key, total in self.sums.items():
+            out[key] = total / self.counts[key]
+        return out

@@ -1,0 +1,196 @@
+"""Torsos: observation encoders mapping ``[N, *obs_shape]`` to features ``[N, output_size]``.
+
+Every torso casts the raw observation itself (to the dtype of its own parameters, so a
+``.double()`` model takes float64): ``uint8`` observations are multiplied by ``uint8_scale``
+(1/255 by default for the Atari networks, 1 for MinAtar planes and the MLP); any other dtype
+(bool, float) is just cast. Image torsos expect channels-first ``(C, H, W)`` observations.
+
+Architectures follow ALGORITHMS.md §f (IMPALA paper Fig. 3) and the MinAtar paper.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from impactrl.errors import UserError
+
+__all__ = ["MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "ResNetTorso"]
+
+ATARI_SCALE = 1.0 / 255.0
+
+
+class _Torso(nn.Module):
+    """Shared helpers: the observation cast and the output size."""
+
+    output_size: int
+
+    def __init__(self, uint8_scale: float) -> None:
+        super().__init__()
+        self.uint8_scale = float(uint8_scale)
+
+    def _param_dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def _cast(self, obs: Tensor) -> Tensor:
+        x = obs.to(self._param_dtype())
+        if obs.dtype == torch.uint8 and self.uint8_scale != 1.0:
+            x = x * self.uint8_scale
+        return x
+
+
+def _check_image(name: str, in_channels: int, height: int, width: int, min_size: int) -> None:
+    if min(in_channels, height, width) < 1 or min(height, width) < min_size:
+        raise UserError(
+            f"{name} needs channels-first (C, H, W) observations at least {min_size}x{min_size}, "
+            f"got (C, H, W) = ({in_channels}, {height}, {width})"
+        )
+
+
+def _flat_size(net: nn.Module, in_channels: int, height: int, width: int) -> int:
+    with torch.no_grad():
+        return int(net(torch.zeros(1, in_channels, height, width)).flatten(1).shape[1])
+
+
+class MLPTorso(_Torso):
+    """Flatten → [Linear → activation] per hidden size. Orthogonal init (gain √2), zero bias.
+
+    With ``hidden_sizes=()`` it only flattens (``output_size == input_size``).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: Callable[[Tensor], Tensor] = torch.tanh,
+        *,
+        uint8_scale: float = 1.0,
+    ) -> None:
+        super().__init__(uint8_scale)
+        sizes = [int(input_size), *(int(h) for h in hidden_sizes)]
+        if min(sizes) < 1:
+            raise UserError(f"MLP sizes must be positive, got input {input_size}, hidden {tuple(hidden_sizes)}")
+        self.input_size = sizes[0]
+        self.activation = activation
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        for layer in self.layers:
+            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2.0))
+            nn.init.zeros_(layer.bias)
+        self.output_size = sizes[-1]
+        # A parameterless MLP still needs a dtype to cast to.
+        if not self.layers:
+            self.register_buffer("_dtype_probe", torch.zeros(()), persistent=False)
+
+    def _param_dtype(self) -> torch.dtype:
+        if self.layers:
+            return self.layers[0].weight.dtype
+        return self._dtype_probe.dtype
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = self._cast(obs).reshape(obs.shape[0], -1)
+        for layer in self.layers:
+            x = self.activation(layer(x))
+        return x
+
+
+class MinAtarTorso(_Torso):
+    """MinAtar paper network: conv 16 3×3 s1 (valid) → ReLU → flatten → FC 128 → ReLU."""
+
+    def __init__(self, in_channels: int, height: int, width: int, *, uint8_scale: float = 1.0) -> None:
+        super().__init__(uint8_scale)
+        _check_image("minatar torso", in_channels, height, width, 3)
+        self.conv = nn.Conv2d(in_channels, 16, kernel_size=3, stride=1)
+        flat = _flat_size(self.conv, in_channels, height, width)
+        self.fc = nn.Linear(flat, 128)
+        self.output_size = 128
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = F.relu(self.conv(self._cast(obs)))
+        return F.relu(self.fc(x.flatten(1)))
+
+
+class ShallowCNNTorso(_Torso):
+    """IMPALA shallow net: conv 16 8×8 s4 → ReLU → conv 32 4×4 s2 → ReLU → FC 256 → ReLU."""
+
+    def __init__(
+        self, in_channels: int, height: int, width: int, *, uint8_scale: float = ATARI_SCALE
+    ) -> None:
+        super().__init__(uint8_scale)
+        _check_image("shallow_cnn torso", in_channels, height, width, 20)
+        self.convs = nn.Sequential(
+            nn.Conv2d(in_channels, 16, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, kernel_size=4, stride=2),
+            nn.ReLU(),
+        )
+        flat = _flat_size(self.convs, in_channels, height, width)
+        self.fc = nn.Linear(flat, 256)
+        self.output_size = 256
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = self.convs(self._cast(obs))
+        return F.relu(self.fc(x.flatten(1)))
+
+
+class _ResidualBlock(nn.Module):
+    """ReLU → conv 3×3 → ReLU → conv 3×3 → + input."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.conv0(F.relu(x))
+        y = self.conv1(F.relu(y))
+        return x + y
+
+
+class _ResNetSection(nn.Module):
+    """conv 3×3 s1 same → max-pool 3×3 s2 (padding 1) → two residual blocks."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = _ResidualBlock(out_channels)
+        self.res1 = _ResidualBlock(out_channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ResNetTorso(_Torso):
+    """IMPALA deep (15-conv) net: sections of 16, 32, 32 channels → ReLU → FC 256 → ReLU.
+
+    84×84 input flattens to 32·11·11 = 3872 features before the FC layer.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        height: int,
+        width: int,
+        *,
+        channels: Sequence[int] = (16, 32, 32),
+        uint8_scale: float = ATARI_SCALE,
+    ) -> None:
+        super().__init__(uint8_scale)
+        _check_image("resnet torso", in_channels, height, width, 1)
+        sections = []
+        c = in_channels
+        for out in channels:
+            sections.append(_ResNetSection(c, int(out)))
+            c = int(out)
+        self.sections = nn.Sequential(*sections)
+        self.flat_size = _flat_size(self.sections, in_channels, height, width)
+        self.fc = nn.Linear(self.flat_size, 256)
+        self.output_size = 256
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = F.relu(self.sections(self._cast(obs)))
+        return F.relu(self.fc(x.flatten(1)))

@@ -1,0 +1,175 @@
+r"""Discounts, truncation bootstrapping and plain discounted returns.
+
+All tensors are time-major ``[T, B]``: index ``t`` refers to the transition
+``(x_t, a_t, r_t, x_{t+1})``; ``bootstrap_value`` is V(x_T), the value of the observation after
+the unroll. Same convention as :mod:`impactrl.ops.vtrace` (Espeholt et al. 2018,
+arXiv 1802.01561, eq. (1)).
+
+Discounted return (used as a reference and as PPO's λ = 1 return):
+
+    G_T = bootstrap_value,
+    G_t = r_t + γ_t · G_{t+1}        for t = T−1, …, 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["bootstrap_truncations", "discounted_returns"]
+
+
+def _shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def bootstrap_truncations(
+    rewards: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    truncation_values: Tensor,
+    discount: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Per-step ``(rewards, discounts, trace_discounts)`` with time-limit truncation handled.
+
+    Gymnasium distinguishes *termination* (the MDP ended: the value after it is 0) from
+    *truncation* (a time limit cut the episode: the value after it is V(x_final), not 0). With
+    auto-reset, the observation stored after a truncated step is already the reset observation
+    of the *next* episode, so bootstrapping from it would be wrong. The actor therefore computes
+    ``truncation_values[t] = V(x_final)`` for the real final observation of the truncated
+    episode, and this function folds it into the reward and cuts the bootstrap and the trace:
+
+    ====================  ==========================  =====================  ===================
+    step t                rewards_t                   discounts_t            trace_discounts_t
+    ====================  ==========================  =====================  ===================
+    no episode end        r_t                         γ                      γ
+    terminated            r_t                         0                      0
+    truncated only        r_t + γ · V(x_final)        0                      0
+    ====================  ==========================  =====================  ===================
+
+    (a step both terminated and truncated counts as terminated). That is,
+    ``discounts = γ · (1 − terminated)`` with 0 also where truncated, and
+    ``trace_discounts = γ · (1 − (terminated | truncated))``. V-trace then computes at a
+    truncated step exactly δ_t = ρ_t (r_t + γ V(x_final) − V(x_t)) and
+    A_t = ρ^pg_t (r_t + γ V(x_final) − V(x_t)), with no trace into the next episode, and its
+    signature stays unchanged. Note that V(x_final) comes from the actor's (behaviour)
+    parameters, not the learner's current ones.
+
+    With the truncation value folded into the reward, ``discounts`` and ``trace_discounts`` are
+    equal; both are returned so the caller can pass them to
+    :func:`impactrl.ops.vtrace.vtrace_from_importance_weights` explicitly.
+
+    Args:
+        rewards: float ``[T, B]`` r_t.
+        terminated: bool ``[T, B]``, True where the transition out of x_t terminated.
+        truncated: bool ``[T, B]``, True where a time limit cut the episode after step t.
+        truncation_values: float ``[T, B]``, V(x_final) where truncated; ignored (may hold
+            anything, even NaN) elsewhere.
+        discount: γ, a Python float in [0, 1].
+
+    Returns:
+        ``(rewards, discounts, trace_discounts)``, each ``[T, B]`` with the dtype and device of
+        ``rewards``.
+    """
+    if not isinstance(rewards, Tensor) or not rewards.is_floating_point():
+        raise ValueError(
+            "rewards must be a floating-point torch.Tensor, got "
+            f"{getattr(rewards, 'dtype', type(rewards).__name__)}"
+        )
+    if not isinstance(truncation_values, Tensor) or not truncation_values.is_floating_point():
+        raise ValueError(
+            "truncation_values must be a floating-point torch.Tensor, got "
+            f"{getattr(truncation_values, 'dtype', type(truncation_values).__name__)}"
+        )
+    for name, x in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(x, Tensor) or x.dtype != torch.bool:
+            raise ValueError(
+                f"{name} must be a bool torch.Tensor, got "
+                f"{getattr(x, 'dtype', type(x).__name__)}"
+            )
+    if rewards.dim() < 2:
+        raise ValueError(
+            f"rewards must be time-major [T, B] with rank >= 2, got shape {_shape(rewards)}"
+        )
+    for name, x in (
+        ("terminated", terminated),
+        ("truncated", truncated),
+        ("truncation_values", truncation_values),
+    ):
+        if _shape(x) != _shape(rewards):
+            raise ValueError(
+                f"{name} must have the shape of rewards {_shape(rewards)}, got {_shape(x)}"
+            )
+        if x.device != rewards.device:
+            raise ValueError(
+                f"{name} must be on the device of rewards ({rewards.device}), got {x.device}"
+            )
+    if isinstance(discount, bool) or not isinstance(discount, (int, float)):
+        raise ValueError(f"discount must be a Python float, got {type(discount).__name__}")
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"discount must be in [0, 1], got {discount}")
+
+    done = terminated | truncated
+    truncated_only = truncated & ~terminated
+    bootstrapped = rewards + discount * truncation_values.to(rewards.dtype)
+    new_rewards = torch.where(truncated_only, bootstrapped, rewards)
+    not_done = (~done).to(rewards.dtype)
+    discounts = discount * not_done
+    trace_discounts = discount * not_done
+    return new_rewards, discounts, trace_discounts
+
+
+def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tensor) -> Tensor:
+    r"""n-step discounted return G_t = r_t + γ_t G_{t+1}, G_T = ``bootstrap_value``.
+
+    Args:
+        rewards: float ``[T, B, ...]`` r_t.
+        discounts: float ``[T, B, ...]`` γ_t (0 where the episode ended at step t); same rank
+            as ``rewards``, each trailing dim equal or 1.
+        bootstrap_value: float ``[B, ...]`` V(x_T), the shape of ``rewards[0]``.
+
+    Returns:
+        ``[T, B, ...]`` returns G_t with the dtype and device of ``rewards``, without gradient
+        (they are targets).
+    """
+    for name, x in (
+        ("rewards", rewards),
+        ("discounts", discounts),
+        ("bootstrap_value", bootstrap_value),
+    ):
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating-point torch.Tensor, got "
+                f"{getattr(x, 'dtype', type(x).__name__)}"
+            )
+        if x.dtype != rewards.dtype or x.device != rewards.device:
+            raise ValueError(
+                f"{name} must have the dtype and device of rewards ({rewards.dtype}, "
+                f"{rewards.device}), got ({x.dtype}, {x.device})"
+            )
+    if rewards.dim() < 2 or rewards.shape[0] < 1:
+        raise ValueError(
+            f"rewards must be time-major [T, B, ...] with T >= 1, got shape {_shape(rewards)}"
+        )
+    if discounts.dim() != rewards.dim() or discounts.shape[0] != rewards.shape[0] or any(
+        d not in (1, r) for d, r in zip(discounts.shape[1:], rewards.shape[1:])
+    ):
+        raise ValueError(
+            f"discounts shape {_shape(discounts)} does not match rewards shape {_shape(rewards)} "
+            "(same rank and T; trailing dims equal or 1)"
+        )
+    if _shape(bootstrap_value) != _shape(rewards)[1:]:
+        raise ValueError(
+            f"bootstrap_value must have the shape of rewards[0] = {_shape(rewards)[1:]}, got "
+            f"{_shape(bootstrap_value)}"
+        )
+    with torch.no_grad():
+        rewards = rewards.detach()
+        discounts = discounts.detach()
+        T = rewards.shape[0]
+        returns = torch.empty(rewards.shape, dtype=rewards.dtype, device=rewards.device)
+        nxt = bootstrap_value.detach()
+        for t in range(T - 1, -1, -1):
+            torch.addcmul(rewards[t], discounts[t], nxt, out=returns[t])
+            nxt = returns[t]
+    return returns

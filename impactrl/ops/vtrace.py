@@ -1,0 +1,422 @@
+r"""V-trace off-policy value targets and policy-gradient advantages.
+
+Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
+Actor-Learner Architectures", arXiv 1802.01561, eq. (1) (the n-step V-trace target) and §4.2
+(the policy-gradient advantage).
+
+Shapes (time-major)
+-------------------
+All per-step inputs are ``[T, B]`` (optionally with extra trailing dims, ``[T, B, ...]``):
+
+=====================  ==========  ==========================================================
+name                   shape       meaning
+=====================  ==========  ==========================================================
+``log_rhos``           [T, B]      log π(a_t|x_t) − log μ(a_t|x_t); π = target (learner)
+                                   policy, μ = behaviour (actor) policy that chose a_t
+``discounts``          [T, B]      γ_t; multiplies the bootstrap V(x_{t+1}) (0 on termination)
+``trace_discounts``    [T, B]      multiplies the trace; defaults to ``discounts``
+``rewards``            [T, B]      r_t, the reward that followed a_t
+``values``             [T, B]      V(x_t), learner's current value estimates
+``bootstrap_value``    [B]         V(x_T), the value of the observation after the unroll
+=====================  ==========  ==========================================================
+
+Time-index convention: index ``t`` of every tensor refers to the transition out of x_t, i.e.
+``(x_t, a_t, r_t, γ_t, x_{t+1})``, and ``bootstrap_value`` plays the role of ``values[T]``.
+
+Extra trailing dims broadcast: ``log_rhos``, ``discounts`` and ``trace_discounts`` must have the
+same rank as ``values`` with each dim equal to that of ``values`` or 1 (e.g. ``[T, B, 1]`` against
+``values`` ``[T, B, 42]``); ``rewards`` has exactly the shape of ``values``; ``bootstrap_value``
+has exactly the shape of ``values[0]``. Outputs have the shape of ``values``.
+
+Maths
+-----
+With truncated importance weights (a threshold of ``None`` means "no clipping")
+
+    ρ_t    = min(ρ̄,    π(a_t|x_t) / μ(a_t|x_t))
+    c_t    = λ · min(c̄, π(a_t|x_t) / μ(a_t|x_t))
+    ρ^pg_t = min(ρ̄_pg, π(a_t|x_t) / μ(a_t|x_t))
+
+and the temporal-difference error
+
+    δ_t = ρ_t · (r_t + γ_t · V(x_{t+1}) − V(x_t)),       V(x_T) := bootstrap_value,
+
+eq. (1) reads (empty products are 1; η_i is the trace discount, η_i = γ_i by default)
+
+    v_s = V(x_s) + Σ_{t=s}^{T−1} ( Π_{i=s}^{t−1} η_i c_i ) δ_t,
+
+which is computed by the equivalent backward recursion
+
+    a_T = 0,
+    a_t = δ_t + η_t · c_t · a_{t+1}        for t = T−1, …, 0,
+    v_t = V(x_t) + a_t.
+
+The policy-gradient advantage (§4.2) uses the V-trace target of the next step:
+
+    A_t = ρ^pg_t · (r_t + γ_t · v_{t+1} − V(x_t)),        v_T := bootstrap_value.
+
+With λ < 1 the same formula is used with the λ-weighted target v_{t+1} (rlax instead mixes
+λ v_{t+1} + (1 − λ) V(x_{t+1}) there; with λ = 1 both agree).
+
+Episode ends (bootstrap vs. trace)
+----------------------------------
+``discounts`` (γ_t) is what multiplies the bootstrap V(x_{t+1}) in δ_t and v_{t+1} in A_t;
+``trace_discounts`` (η_t) is what multiplies the trace a_{t+1} in the recursion. The reference
+IMPALA code uses one tensor for both (γ·(1 − done)), so an episode end both zeroes the bootstrap
+and cuts the trace. Passing them separately lets a caller zero the bootstrap only on
+*termination* (``discounts = γ·(1 − terminated)``) while cutting the trace on *any* episode end
+(``trace_discounts = γ·(1 − (terminated | truncated))``), which is what keeps an unroll that
+crosses an auto-reset from leaking the next episode's returns into this one. See also
+:func:`impactrl.ops.returns.bootstrap_truncations`, which instead folds the value of the real
+final observation of a truncated episode into the reward.
+
+Gradients
+---------
+``vs`` and ``pg_advantages`` are targets: they are computed under :func:`torch.no_grad` from
+detached inputs and carry no gradient. In :func:`vtrace_from_logits` the returned log-probs (and
+``log_rhos``) keep whatever gradient their logits carry, so the learner can use the target
+log-probs in the policy-gradient loss.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+import torch.nn.functional as F
+
+__all__ = [
+    "VTraceReturns",
+    "VTraceFromLogitsReturns",
+    "vtrace_from_importance_weights",
+    "action_log_probs",
+    "vtrace_from_logits",
+]
+
+
+class VTraceReturns(NamedTuple):
+    """Outputs of :func:`vtrace_from_importance_weights`, both ``[T, B, ...]`` and gradient-free."""
+
+    vs: Tensor
+    """V-trace value targets v_t, the targets for the baseline V(x_t)."""
+    pg_advantages: Tensor
+    """Policy-gradient advantages ρ^pg_t (r_t + γ_t v_{t+1} − V(x_t))."""
+
+
+class VTraceFromLogitsReturns(NamedTuple):
+    """Outputs of :func:`vtrace_from_logits`."""
+
+    vs: Tensor
+    """V-trace value targets ``[T, B, ...]``, no gradient."""
+    pg_advantages: Tensor
+    """Policy-gradient advantages ``[T, B, ...]``, no gradient."""
+    log_rhos: Tensor
+    """``target_action_log_probs − behaviour_action_log_probs``, ``[T, B]``."""
+    behaviour_action_log_probs: Tensor
+    """log μ(a_t|x_t), ``[T, B]``."""
+    target_action_log_probs: Tensor
+    """log π(a_t|x_t), ``[T, B]``; keeps the gradient of ``target_policy_logits``."""
+
+
+# --------------------------------------------------------------------------------------------
+# Validation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _check_float_tensor(name: str, x: object) -> None:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _check_threshold(name: str, value: Optional[float]) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a Python float or None, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0 or None (no clipping), got {value}")
+
+
+def _validate_vtrace_inputs(
+    log_rhos: Tensor,
+    discounts: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    trace_discounts: Optional[Tensor],
+    clip_rho_threshold: Optional[float],
+    clip_pg_rho_threshold: Optional[float],
+    clip_c_threshold: Optional[float],
+    lambda_: float,
+) -> None:
+    named = [
+        ("log_rhos", log_rhos),
+        ("discounts", discounts),
+        ("rewards", rewards),
+        ("values", values),
+        ("bootstrap_value", bootstrap_value),
+    ]
+    if trace_discounts is not None:
+        named.append(("trace_discounts", trace_discounts))
+    for name, x in named:
+        _check_float_tensor(name, x)
+
+    rank = values.dim()
+    if rank < 2:
+        raise ValueError(
+            f"values must be time-major [T, B, ...] with rank >= 2, got shape {_shape(values)}"
+        )
+    if log_rhos.dim() != discounts.dim():
+        raise ValueError(
+            f"log_rhos rank must equal discounts rank, got log_rhos shape {_shape(log_rhos)} "
+            f"and discounts shape {_shape(discounts)}"
+        )
+    if _shape(rewards) != _shape(values):
+        raise ValueError(
+            f"rewards and values must have the same shape, got rewards shape {_shape(rewards)} "
+            f"and values shape {_shape(values)}"
+        )
+    if bootstrap_value.dim() != rank - 1:
+        raise ValueError(
+            f"bootstrap_value rank must be values rank - 1 = {rank - 1}, got bootstrap_value "
+            f"shape {_shape(bootstrap_value)} (rank {bootstrap_value.dim()}) and values shape "
+            f"{_shape(values)} (rank {rank})"
+        )
+    if _shape(bootstrap_value) != _shape(values)[1:]:
+        raise ValueError(
+            f"bootstrap_value must have the shape of values[0] = {_shape(values)[1:]}, got "
+            f"{_shape(bootstrap_value)}"
+        )
+    T = values.shape[0]
+    if T < 1:
+        raise ValueError(f"values must have at least one time step, got shape {_shape(values)}")
+    per_step = [("log_rhos", log_rhos), ("discounts", discounts)]
+    if trace_discounts is not None:
+        per_step.append(("trace_discounts", trace_discounts))
+    for name, x in per_step:
+        if x.dim() != rank:
+            raise ValueError(
+                f"{name} rank must equal values rank {rank}, got {name} shape {_shape(x)} and "
+                f"values shape {_shape(values)}"
+            )
+        if x.shape[0] != T:
+            raise ValueError(
+                f"{name} must have T = {T} time steps like values, got {name} shape "
+                f"{_shape(x)} and values shape {_shape(values)}"
+            )
+        for d in range(1, rank):
+            if x.shape[d] not in (1, values.shape[d]):
+                raise ValueError(
+                    f"{name} shape {_shape(x)} does not broadcast to values shape "
+                    f"{_shape(values)} (dim {d} must be 1 or {values.shape[d]})"
+                )
+    for name, x in named:
+        if x.dtype != values.dtype:
+            raise ValueError(
+                f"{name} must have the dtype of values ({values.dtype}), got {x.dtype}"
+            )
+        if x.device != values.device:
+            raise ValueError(
+                f"{name} must be on the device of values ({values.device}), got {x.device}"
+            )
+
+    _check_threshold("clip_rho_threshold", clip_rho_threshold)
+    _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
+    _check_threshold("clip_c_threshold", clip_c_threshold)
+    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)):
+        raise ValueError(f"lambda_ must be a Python float, got {type(lambda_).__name__}")
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+
+
+# --------------------------------------------------------------------------------------------
+# V-trace
+# --------------------------------------------------------------------------------------------
+
+
+def vtrace_from_importance_weights(
+    log_rhos: Tensor,
+    discounts: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    clip_rho_threshold: Optional[float] = 1.0,
+    clip_pg_rho_threshold: Optional[float] = 1.0,
+    clip_c_threshold: Optional[float] = 1.0,
+    lambda_: float = 1.0,
+    trace_discounts: Optional[Tensor] = None,
+) -> VTraceReturns:
+    r"""V-trace targets ``vs`` and advantages ``pg_advantages`` from log importance weights.
+
+    Args:
+        log_rhos: ``[T, B, ...]`` log π(a_t|x_t) − log μ(a_t|x_t).
+        discounts: ``[T, B, ...]`` γ_t, multiplies the bootstrap V(x_{t+1}) in δ_t and v_{t+1}
+            in A_t (0 where the episode terminated at step t).
+        rewards: ``[T, B, ...]`` r_t.
+        values: ``[T, B, ...]`` V(x_t).
+        bootstrap_value: ``[B, ...]`` V(x_T), the shape of ``values[0]``.
+        clip_rho_threshold: ρ̄ for ρ_t in δ_t; ``None`` = no clipping.
+        clip_pg_rho_threshold: ρ̄_pg for the advantage weight; ``None`` = no clipping.
+        clip_c_threshold: c̄ for the trace coefficients c_t; ``None`` = no clipping.
+        lambda_: λ in c_t = λ · min(c̄, π/μ), in [0, 1].
+        trace_discounts: ``[T, B, ...]`` η_t, multiplies the trace in
+            a_t = δ_t + η_t c_t a_{t+1}; ``None`` (default) means ``discounts``. Use it to cut
+            the trace on any episode end while zeroing the bootstrap only on termination.
+
+    Returns:
+        :class:`VTraceReturns` ``(vs, pg_advantages)``, both of the shape of ``values``, with
+        its dtype and device, and without gradient.
+
+    Raises:
+        ValueError: if ranks, shapes, dtypes, devices or hyperparameters are inconsistent.
+    """
+    _validate_vtrace_inputs(
+        log_rhos,
+        discounts,
+        rewards,
+        values,
+        bootstrap_value,
+        trace_discounts,
+        clip_rho_threshold,
+        clip_pg_rho_threshold,
+        clip_c_threshold,
+        lambda_,
+    )
+    with torch.no_grad():
+        log_rhos = log_rhos.detach()
+        discounts = discounts.detach()
+        rewards = rewards.detach()
+        values = values.detach()
+        bootstrap_value = bootstrap_value.detach()
+        eta = discounts if trace_discounts is None else trace_discounts.detach()
+
+        rhos = torch.exp(log_rhos)
+        clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
+        cs = rhos if clip_c_threshold is None else rhos.clamp(max=clip_c_threshold)
+        if lambda_ != 1.0:
+            cs = cs * lambda_
+        clipped_pg_rhos = (
+            rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
+        )
+
+        # V(x_{t+1}) for t = 0..T-1, with V(x_T) = bootstrap_value.
+        values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)  # [T, B, ...]
+        trace_coeffs = eta * cs  # [T, B, ...] or broadcastable to it
+
+        # Backward recursion a_t = δ_t + η_t c_t a_{t+1}, written into a preallocated tensor.
+        T = values.shape[0]
+        vs_minus_v = torch.empty(deltas.shape, dtype=deltas.dtype, device=deltas.device)
+        vs_minus_v[T - 1] = deltas[T - 1]
+        for t in range(T - 2, -1, -1):
+            torch.addcmul(deltas[t], trace_coeffs[t], vs_minus_v[t + 1], out=vs_minus_v[t])
+        vs = vs_minus_v + values
+
+        # A_t = ρ^pg_t (r_t + γ_t v_{t+1} − V(x_t)), with v_T = bootstrap_value.
+        vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        pg_advantages = clipped_pg_rhos * (rewards + discounts * vs_tp1 - values)
+
+    return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach())
+
+
+def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
+    """log-softmax of ``policy_logits`` gathered at ``actions``.
+
+    Args:
+        policy_logits: ``[T, B, A]`` unnormalised log-probabilities (any leading dims).
+        actions: ``[T, B]`` integer actions in ``[0, A)`` (the leading dims of the logits).
+
+    Returns:
+        ``[T, B]`` log π(a_t|x_t), differentiable with respect to ``policy_logits``.
+    """
+    if not isinstance(policy_logits, Tensor) or not policy_logits.is_floating_point():
+        raise ValueError(
+            "policy_logits must be a floating-point torch.Tensor, got "
+            f"{getattr(policy_logits, 'dtype', type(policy_logits).__name__)}"
+        )
+    if not isinstance(actions, Tensor) or actions.is_floating_point() or actions.is_complex():
+        raise ValueError(
+            "actions must be an integer torch.Tensor, got "
+            f"{getattr(actions, 'dtype', type(actions).__name__)}"
+        )
+    if actions.dtype == torch.bool:
+        raise ValueError("actions must be an integer torch.Tensor, got dtype torch.bool")
+    if policy_logits.dim() != actions.dim() + 1 or _shape(policy_logits)[:-1] != _shape(actions):
+        raise ValueError(
+            f"policy_logits must have shape actions.shape + (num_actions,), got policy_logits "
+            f"shape {_shape(policy_logits)} and actions shape {_shape(actions)}"
+        )
+    if actions.device != policy_logits.device:
+        raise ValueError(
+            f"actions must be on the device of policy_logits ({policy_logits.device}), got "
+            f"{actions.device}"
+        )
+    log_probs = F.log_softmax(policy_logits, dim=-1)
+    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def vtrace_from_logits(
+    behaviour_policy_logits: Tensor,
+    target_policy_logits: Tensor,
+    actions: Tensor,
+    discounts: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    clip_rho_threshold: Optional[float] = 1.0,
+    clip_pg_rho_threshold: Optional[float] = 1.0,
+    clip_c_threshold: Optional[float] = 1.0,
+    lambda_: float = 1.0,
+    trace_discounts: Optional[Tensor] = None,
+) -> VTraceFromLogitsReturns:
+    """V-trace for a categorical policy, from behaviour (μ) and target (π) logits.
+
+    ``log_rhos = log π(a_t|x_t) − log μ(a_t|x_t)`` is computed from the logits and passed with
+    the other arguments to :func:`vtrace_from_importance_weights`.
+
+    Args:
+        behaviour_policy_logits: ``[T, B, A]`` logits of μ, the actor policy that chose a_t.
+        target_policy_logits: ``[T, B, A]`` logits of π, the learner policy.
+        actions: ``[T, B]`` integer actions.
+        discounts, rewards, values, bootstrap_value, clip_*, lambda_, trace_discounts: as in
+            :func:`vtrace_from_importance_weights` (``[T, B]``; ``bootstrap_value`` ``[B]``).
+
+    Returns:
+        :class:`VTraceFromLogitsReturns`. ``vs`` and ``pg_advantages`` carry no gradient;
+        ``target_action_log_probs`` (and hence ``log_rhos``) keep the gradient of
+        ``target_policy_logits`` for the policy-gradient loss; ``behaviour_action_log_probs``
+        keeps whatever gradient ``behaviour_policy_logits`` has (normally none).
+    """
+    if _shape(behaviour_policy_logits) != _shape(target_policy_logits):
+        raise ValueError(
+            "behaviour_policy_logits and target_policy_logits must have the same shape, got "
+            f"{_shape(behaviour_policy_logits)} and {_shape(target_policy_logits)}"
+        )
+    behaviour_log_probs = action_log_probs(behaviour_policy_logits, actions)
+    target_log_probs = action_log_probs(target_policy_logits, actions)
+    log_rhos = target_log_probs - behaviour_log_probs
+    returns = vtrace_from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        clip_c_threshold=clip_c_threshold,
+        lambda_=lambda_,
+        trace_discounts=trace_discounts,
+    )
+    return VTraceFromLogitsReturns(
+        vs=returns.vs,
+        pg_advantages=returns.pg_advantages,
+        log_rhos=log_rhos,
+        behaviour_action_log_probs=behaviour_log_probs,
+        target_action_log_probs=target_log_probs,
+    )

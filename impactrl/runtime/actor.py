@@ -1,0 +1,171 @@
+"""The actor loop: step a vector of environments with a local copy of the behaviour policy μ.
+
+It knows nothing about processes, shared memory or Ray. A runtime hands it two endpoints::
+
+    weights = WeightSource   (learner -> actor: the newest weights and their version)
+    sink    = RolloutSink    (actor -> learner: a slot to write one unroll into, then commit)
+
+and the loop is::
+
+    load the newest weights (version v)
+    forever:
+        slot = sink.acquire()                      # blocks while the learner is behind
+        if weights.version() > v: load them        # only at unroll boundaries
+        write the core state, then T steps of (x_t, a_t, log μ(a_t|x_t), r_t, ...) and x_T
+        sink.commit(slot, version=v)               # the unroll records which μ produced it
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from impactrl.build import make_agent, make_training_env
+from impactrl.config import TrainConfig
+from impactrl.models import Agent, AgentInput
+
+
+class WeightSource(Protocol):
+    def version(self) -> int:
+        """The version of the newest published weights (cheap; called once per unroll)."""
+
+    def load_into(self, agent: Agent) -> int:
+        """Copy the newest weights into ``agent`` and return their version."""
+
+
+class RolloutSink(Protocol):
+    def acquire(self) -> int | None:
+        """Block until a slot is free and return its index; None when the run is stopping."""
+
+    def arrays(self, slot: int) -> dict[str, np.ndarray]:
+        """Writable arrays of the slot's fields (see ``impactrl.data.rollout``)."""
+
+    def commit(self, slot: int, policy_version: int) -> None:
+        """Hand the written slot to the learner."""
+
+
+def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int) -> int:
+    """Distinct seeds per run seed, actor, env and actor generation (restart or resume)."""
+    return (config.seed * 1_000_003 + generation * 10_007 + actor_id * config.envs_per_actor + env_index) % 2**31
+
+
+class Actor:
+    """One actor: E environments stepped in lockstep, one batched forward pass per step."""
+
+    def __init__(self, config: TrainConfig, actor_id: int, generation: int = 0):
+        self.config = config
+        self.actor_id = actor_id
+        E = config.envs_per_actor
+        self.envs = [make_training_env(config, seed=env_seed(config, actor_id, e, generation)) for e in range(E)]
+        first_obs = [
+            env.reset(seed=env_seed(config, actor_id, e, generation))[0] for e, env in enumerate(self.envs)
+        ]
+        self.agent = make_agent(config, self.envs[0].observation_space, self.envs[0].action_space)
+        self.agent.eval()
+        head = self.agent.policy_head
+        self.obs = np.stack(first_obs)
+        self.first = np.ones(E, dtype=bool)
+        self.prev_action = np.zeros((E, *head.action_shape), dtype=torch.empty((), dtype=head.action_dtype).numpy().dtype)
+        self.prev_reward = np.zeros(E, dtype=np.float32)
+        self.core_state = self.agent.initial_state(E)
+        self.episode_steps = np.zeros(E, dtype=np.int64)
+        torch.manual_seed(env_seed(config, actor_id, 0, generation))
+
+    def _forward(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: np.ndarray,
+                 first: np.ndarray, core_state: tuple[torch.Tensor, ...]):
+        inputs = AgentInput(
+            obs=torch.from_numpy(obs)[None],
+            prev_action=torch.from_numpy(prev_action)[None],
+            prev_reward=torch.from_numpy(prev_reward)[None],
+            first=torch.from_numpy(first)[None],
+        )
+        output, core_state = self.agent(inputs, core_state)
+        return output.policy[0], output.value[0], core_state
+
+    @torch.inference_mode()
+    def unroll(self, arrays: dict[str, np.ndarray]) -> None:
+        """Write one unroll of T steps into ``arrays`` (the fields of a rollout slot)."""
+        head = self.agent.policy_head
+        for i, state in enumerate(self.core_state):
+            arrays[f"core_state_{i}"][...] = state.numpy()
+        arrays["episode_return"].fill(np.nan)
+        arrays["episode_length"].fill(0)
+        arrays["truncation_value"].fill(0.0)
+        for t in range(self.config.unroll_length):
+            arrays["obs"][t] = self.obs
+            arrays["first"][t] = self.first
+            arrays["prev_action"][t] = self.prev_action
+            arrays["prev_reward"][t] = self.prev_reward
+            policy, _, next_core_state = self._forward(
+                arrays["obs"][t], arrays["prev_action"][t], arrays["prev_reward"][t], arrays["first"][t],
+                self.core_state)
+            action = head.sample(policy)
+            arrays["behaviour_log_prob"][t] = head.log_prob(policy, action).numpy()
+            action = action.numpy()
+            arrays["action"][t] = action
+            self._step_envs(t, action, next_core_state, arrays)
+            self.core_state = next_core_state
+        T = self.config.unroll_length
+        arrays["obs"][T] = self.obs
+        arrays["first"][T] = self.first
+        arrays["prev_action"][T] = self.prev_action
+        arrays["prev_reward"][T] = self.prev_reward
+
+    def _step_envs(self, t: int, action: np.ndarray, core_state, arrays: dict[str, np.ndarray]) -> None:
+        rewards = arrays["reward"][t]
+        terminated = arrays["terminated"][t]
+        truncated = arrays["truncated"][t]
+        final_obs: dict[int, np.ndarray] = {}
+        for e, env in enumerate(self.envs):
+            obs, reward, term, trunc, info = env.step(action[e])
+            rewards[e] = reward
+            terminated[e] = term
+            truncated[e] = trunc and not term
+            if term or trunc:
+                if "episode" in info:
+                    arrays["episode_return"][t, e] = info["episode"]["r"]
+                    arrays["episode_length"][t, e] = info["episode"]["l"]
+                if truncated[e]:
+                    final_obs[e] = obs
+                obs, _ = env.reset()
+            self.obs[e] = obs
+        if final_obs:
+            self._truncation_values(t, action, final_obs, core_state, arrays)
+        done = terminated | truncated
+        self.first = done.copy()
+        self.prev_action = np.where(done.reshape(-1, *[1] * (action.ndim - 1)), 0, action).astype(action.dtype)
+        self.prev_reward = np.where(done, 0.0, rewards).astype(np.float32)
+
+    def _truncation_values(self, t, action, final_obs, core_state, arrays) -> None:
+        """V(x_final) for the envs a time limit cut: the learner bootstraps from it."""
+        obs = self.obs.copy()
+        for e, o in final_obs.items():
+            obs[e] = o
+        _, value, _ = self._forward(obs, action, arrays["reward"][t], np.zeros_like(self.first), core_state)
+        for e in final_obs:
+            arrays["truncation_value"][t, e] = value[e].item()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: RolloutSink,
+              should_stop: Callable[[], bool], generation: int = 0) -> None:
+    """The actor loop, for any runtime: see the module docstring."""
+    torch.set_num_threads(1)
+    actor = Actor(config, actor_id, generation)
+    try:
+        version = weights.load_into(actor.agent)
+        while not should_stop():
+            slot = sink.acquire()
+            if slot is None:
+                break
+            if weights.version() > version:
+                version = weights.load_into(actor.agent)
+            actor.unroll(sink.arrays(slot))
+            sink.commit(slot, version)
+    finally:
+        actor.close()

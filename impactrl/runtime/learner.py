@@ -1,0 +1,170 @@
+"""The learner loop: batches in, SGD steps, versioned weights out. Runtime-agnostic.
+
+A runtime hands it two endpoints::
+
+    source = BatchSource   (actors -> learner: the next batch of unrolls, with who made them)
+    sink   = WeightSink    (learner -> actors: publish the weights with their version)
+
+and the loop is::
+
+    publish(weights, version = updates)
+    until total_env_steps are consumed:
+        batch = source.next_batch()          # idle time here is logged as time/learner_wait_fraction
+        record policy lag (updates - behaviour version) and data age per unroll
+        algorithm.add_batch(batch); SGD steps while algorithm.next_batch() yields one
+        publish(weights, version = updates)
+        every log interval: one metrics line; every checkpoint interval: a checkpoint
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from impactrl.algos.base import Algorithm
+from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
+from impactrl.config import TrainConfig, to_yaml
+from impactrl.data.rollout import Batch, batch_to
+from impactrl.metrics import IntervalStats, MetricsWriter
+from impactrl.models import Agent
+
+
+class BatchSource(Protocol):
+    def next_batch(self, timeout_s: float) -> tuple[Batch, dict[str, torch.Tensor]] | None:
+        """A batch ``[T(+1), B, ...]`` and per-unroll metadata, or None after ``timeout_s``."""
+
+
+class WeightSink(Protocol):
+    def publish(self, agent: Agent, version: int) -> None:
+        """Make the agent's current weights the newest ones actors load, tagged ``version``."""
+
+
+@dataclass
+class LearnerCounters:
+    env_steps: int = 0
+    updates: int = 0
+    episodes: int = 0
+    wall_time_s: float = 0.0
+
+
+class Learner:
+    """Owns the agent's training state: optimiser, algorithm state, counters."""
+
+    def __init__(self, config: TrainConfig, agent: Agent, algorithm: Algorithm, device: torch.device):
+        self.config = config
+        self.agent = agent
+        self.algorithm = algorithm
+        self.device = device
+        self.optimizer = algorithm.make_optimizer()
+        self.counters = LearnerCounters()
+
+    def learning_rate(self) -> float:
+        c = self.config
+        if not c.lr_decay:
+            return c.learning_rate
+        return c.learning_rate * max(0.0, 1.0 - self.counters.env_steps / c.total_env_steps)
+
+    def train(self, batch: Batch) -> list[dict[str, float]]:
+        """Hand one fresh batch to the algorithm and take the SGD steps it asks for."""
+        self.algorithm.add_batch(batch_to(batch, self.device))
+        all_stats = []
+        while (train_batch := self.algorithm.next_batch()) is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.learning_rate()
+            loss, stats = self.algorithm.loss(train_batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip)
+            self.optimizer.step()
+            self.counters.updates += 1
+            self.algorithm.after_update(self.counters.updates)
+            stats["optim/grad_norm"] = float(grad_norm)
+            stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+            all_stats.append(stats)
+        self.counters.env_steps += self.config.steps_per_batch
+        return all_stats
+
+    def state_dict(self) -> dict:
+        return {
+            "agent": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "algorithm": self.algorithm.state_dict(),
+            "learner": asdict(self.counters),
+            "rng": rng_states(),
+            "config": to_yaml(self.config),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent.load_state_dict(state["agent"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algorithm.load_state_dict(state.get("algorithm", {}))
+        self.counters = LearnerCounters(**state["learner"])
+        restore_rng_states(state["rng"])
+
+
+def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
+                writer: MetricsWriter, check_health: Callable[[], None]) -> LearnerCounters:
+    """Train until ``total_env_steps`` are consumed; see the module docstring."""
+    config, counters = learner.config, learner.counters
+    start = time.monotonic() - counters.wall_time_s
+    interval = IntervalStats()
+    last_log = last_checkpoint = time.monotonic()
+    steps_at_last_log = counters.env_steps
+    waited = trained = 0.0
+    weights.publish(learner.agent, counters.updates)
+
+    def log_line() -> None:
+        nonlocal last_log, steps_at_last_log, waited, trained
+        now = time.monotonic()
+        counters.wall_time_s = now - start
+        summary = interval.summary()
+        counters.episodes += summary["episodes"]
+        record = {
+            "env_steps": counters.env_steps,
+            "learner_updates": counters.updates,
+            "wall_time_s": round(counters.wall_time_s, 3),
+            "env_steps_per_s": (counters.env_steps - steps_at_last_log) / max(now - last_log, 1e-9),
+            "episodes_total": counters.episodes,
+            **summary,
+            "time/learner_wait_fraction": waited / max(now - last_log, 1e-9),
+            "time/learner_train_fraction": trained / max(now - last_log, 1e-9),
+        }
+        writer.write(record)
+        interval.reset()
+        last_log, steps_at_last_log, waited, trained = now, counters.env_steps, 0.0, 0.0
+
+    def checkpoint() -> None:
+        nonlocal last_checkpoint
+        counters.wall_time_s = time.monotonic() - start
+        save_checkpoint(run_dir, learner.state_dict(), f"ckpt_{counters.updates:010d}", config.keep_checkpoints)
+        last_checkpoint = time.monotonic()
+
+    while counters.env_steps < config.total_env_steps:
+        check_health()
+        began = time.monotonic()
+        item = source.next_batch(timeout_s=1.0)
+        waited += time.monotonic() - began
+        if item is None:
+            continue
+        batch, meta = item
+        ended = ~torch.isnan(batch["episode_return"])
+        interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
+        interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
+                             (time.time() - meta["created_at"]).numpy())
+        began = time.monotonic()
+        for stats in learner.train(batch):
+            interval.add(stats)
+        weights.publish(learner.agent, counters.updates)
+        trained += time.monotonic() - began
+        if time.monotonic() - last_log >= config.log_interval_s:
+            log_line()
+        if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
+            checkpoint()
+    log_line()
+    checkpoint()
+    return counters
+
