@@ -17,7 +17,7 @@ from typing import Sequence
 import tyro
 
 from impactrl.config import PRESETS, TrainConfig, coerce, load_yaml, problems, to_yaml
-from impactrl.errors import UserError
+from impactrl.errors import ActorFailed, UserError
 
 USAGE = """usage: impactrl {train,eval} ...
 
@@ -155,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except UserError as error:
         print(f"impactrl {argv[0]}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except ActorFailed as error:
+        print(f"impactrl {argv[0]}: {error}\nthe latest checkpoint is kept; continue with --resume", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
-        print("impactrl: interrupted", file=sys.stderr)
+        print("impactrl: interrupted; the latest checkpoint is kept (continue with --resume)", file=sys.stderr)
         sys.exit(130)

@@ -7,3 +7,7 @@ starts; everything else is a bug and keeps its traceback.
 
 class UserError(ValueError):
     """A problem with what the user asked for, explained in one line."""
+
+
+class ActorFailed(RuntimeError):
+    """An actor died during training; the learner checkpointed and stopped."""

@@ -143,27 +143,32 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         save_checkpoint(run_dir, learner.state_dict(), f"ckpt_{counters.updates:010d}", config.keep_checkpoints)
         last_checkpoint = time.monotonic()
 
-    while counters.env_steps < config.total_env_steps:
-        check_health()
-        began = time.monotonic()
-        item = source.next_batch(timeout_s=1.0)
-        waited += time.monotonic() - began
-        if item is None:
-            continue
-        batch, meta = item
-        ended = ~torch.isnan(batch["episode_return"])
-        interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
-        interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
-                             (time.time() - meta["created_at"]).numpy())
-        began = time.monotonic()
-        for stats in learner.train(batch):
-            interval.add(stats)
-        weights.publish(learner.agent, counters.updates)
-        trained += time.monotonic() - began
-        if time.monotonic() - last_log >= config.log_interval_s:
-            log_line()
-        if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
-            checkpoint()
+    try:
+        while counters.env_steps < config.total_env_steps:
+            check_health()
+            began = time.monotonic()
+            item = source.next_batch(timeout_s=1.0)
+            waited += time.monotonic() - began
+            if item is None:
+                continue
+            batch, meta = item
+            ended = ~torch.isnan(batch["episode_return"])
+            interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
+            interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
+                                 (time.time() - meta["created_at"]).numpy())
+            began = time.monotonic()
+            for stats in learner.train(batch):
+                interval.add(stats)
+            weights.publish(learner.agent, counters.updates)
+            trained += time.monotonic() - began
+            if time.monotonic() - last_log >= config.log_interval_s:
+                log_line()
+            if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
+                checkpoint()
+    except BaseException:
+        # Interrupted (Ctrl-C, a failed actor): keep what was learned so --resume can continue.
+        checkpoint()
+        raise
     log_line()
     checkpoint()
     return counters

@@ -23,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from impactrl.config import TrainConfig
+from impactrl.errors import ActorFailed
 from impactrl.data.rollout import SlotStore
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
@@ -121,10 +122,6 @@ def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: 
     except BaseException:
         errors.put((actor_id, traceback.format_exc()))
         raise SystemExit(1)
-
-
-class ActorFailed(RuntimeError):
-    pass
 
 
 def run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:

@@ -1,0 +1,23 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Quick settings for end-to-end runs in tests: tiny budgets, frequent logs and checkpoints.
+FAST = ["--num-actors", "2", "--envs-per-actor", "4", "--batch-size", "8", "--log-interval-s", "0.5"]
+
+
+def run_cli(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    result = subprocess.run([sys.executable, "-m", "impactrl", *args], capture_output=True, text=True,
+                            timeout=timeout, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"impactrl {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"

@@ -1,0 +1,112 @@
+"""Every mistake a user can make: one line on stderr, exit code 2, nothing left in RUN_DIR."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "A.L.E" not in line and "Stella" not in line]
+    assert len(lines) == 1, result.stderr
+    assert "error:" in lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_unknown_env_id(run_dir: Path):
+    result = run_cli("train", "--env", "CartPol-v1", "--out", str(run_dir))
+    assert_one_line_error(result, "unknown environment id 'CartPol-v1'", "CartPole-v1")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--num-actors", "0", "num_actors must be >= 1, got 0"),
+    ("--unroll-length", "-3", "unroll_length must be >= 1, got -3"),
+    ("--batch-size", "0", "batch_size must be >= 1, got 0"),
+    ("--total-env-steps", "0", "total_env_steps must be >= 1, got 0"),
+    ("--learning-rate", "-1", "learning_rate must be > 0"),
+])
+def test_non_positive_sizes(run_dir: Path, flag: str, value: str, message: str):
+    result = run_cli("train", flag, value, "--out", str(run_dir))
+    assert_one_line_error(result, message)
+    assert not run_dir.exists()
+
+
+def test_all_problems_reported_at_once(run_dir: Path):
+    result = run_cli("train", "--num-actors", "0", "--discount", "2", "--out", str(run_dir))
+    assert_one_line_error(result, "num_actors must be >= 1", "discount must be in [0, 1]")
+
+
+def test_batch_not_multiple_of_envs(run_dir: Path):
+    result = run_cli("train", "--envs-per-actor", "8", "--batch-size", "12", "--out", str(run_dir))
+    assert_one_line_error(result, "batch_size=12 must be a multiple of envs_per_actor=8")
+
+
+def test_unsupported_action_space(run_dir: Path):
+    result = run_cli("train", "--env", "Pendulum-v1", "--out", str(run_dir))
+    assert_one_line_error(result, "action space Box")
+    assert not run_dir.exists()
+
+
+def test_unwritable_out(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "run"
+    result = run_cli("train", "--out", str(out))
+    assert_one_line_error(result, "not writable")
+    assert blocker.is_file() and not out.exists()
+
+
+def test_out_with_an_existing_run_needs_resume(run_dir: Path):
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    result = run_cli("train", "--out", str(run_dir))
+    assert_one_line_error(result, "already holds files", "--resume")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
+
+
+def test_resume_without_a_run(tmp_path: Path):
+    result = run_cli("train", "--resume", str(tmp_path / "nothing-here"))
+    assert_one_line_error(result, "no config.yaml")
+
+
+def test_resume_without_checkpoint(run_dir: Path):
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("env: CartPole-v1\n")
+    result = run_cli("train", "--resume", str(run_dir))
+    assert_one_line_error(result, "holds no checkpoint")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]
+
+
+def test_corrupt_checkpoint(run_dir: Path):
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("env: CartPole-v1\n")
+    (checkpoints / "ckpt_0000000001.pt").write_bytes(b"\x00not a checkpoint" * 10)
+    (checkpoints / "latest.pt").symlink_to("ckpt_0000000001.pt")
+    for args in (("train", "--resume", str(run_dir)), ("eval", str(run_dir))):
+        result = run_cli(*args)
+        assert_one_line_error(result, "cannot read checkpoint")
+
+
+def test_eval_missing_path(tmp_path: Path):
+    result = run_cli("eval", str(tmp_path / "missing"), "--episodes", "2")
+    assert_one_line_error(result, "does not exist")
+
+
+def test_bad_config_file(tmp_path: Path, run_dir: Path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("env: CartPole-v1\nlearning_rat: 0.1\n")
+    result = run_cli("train", "--config", str(config), "--out", str(run_dir))
+    assert_one_line_error(result, "unknown setting(s) learning_rat")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when CUDA is missing")
+def test_cuda_without_cuda(run_dir: Path):
+    result = run_cli("train", "--device", "cuda", "--out", str(run_dir))
+    assert_one_line_error(result, "--device cuda")
+    assert not run_dir.exists()

@@ -1,0 +1,147 @@
+"""The local runtime with real processes: slot layout, backpressure, metrics, resume, actor death."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+import yaml
+
+from conftest import FAST, run_cli
+from impactrl.config import TrainConfig
+from impactrl.data.rollout import RolloutSpec, SlotStore
+from impactrl.runtime.local import SharedRollouts, SharedWeights, actor_process
+from impactrl.training import build_learner
+
+CONTRACT_KEYS = {"env_steps", "learner_updates", "wall_time_s", "episode_return_mean", "episodes",
+                 "env_steps_per_s", "policy_lag_mean", "policy_lag_max"}
+
+
+def small_spec(T=3, E=2) -> RolloutSpec:
+    return RolloutSpec(unroll_length=T, num_envs=E, obs_shape=(4,), obs_dtype=torch.float32,
+                       action_shape=(), action_dtype=torch.int64)
+
+
+def test_fresh_slots_hold_sentinels():
+    store = SlotStore(small_spec(), num_slots=2, shared=False)
+    assert torch.isnan(store.data["obs"]).all() and torch.isnan(store.data["reward"]).all()
+    assert (store.data["action"] == -1).all() and not store.data["first"].any()
+    assert (store.policy_version == -1).all()
+
+
+def test_gather_is_time_major_and_concatenates_envs():
+    T, E = 3, 2
+    store = SlotStore(small_spec(T, E), num_slots=3, shared=False)
+    for slot in range(3):
+        arrays = store.slot_arrays(slot)
+        for t in range(T):
+            arrays["reward"][t] = [100 * slot + 10 * t + e for e in range(E)]
+        store.policy_version[slot] = 7 + slot
+        store.actor_id[slot] = slot
+    batch, meta = store.gather([2, 0])
+    assert batch["reward"].shape == (T, 2 * E)
+    assert batch["obs"].shape == (T + 1, 2 * E, 4)
+    assert batch["reward"][1].tolist() == [210, 211, 10, 11]
+    assert meta["policy_version"].tolist() == [9, 9, 7, 7]
+    assert meta["actor_id"].tolist() == [2, 2, 0, 0]
+
+
+def test_full_queue_makes_actors_wait():
+    """With nobody consuming, an actor fills every slot and then blocks: memory stays bounded."""
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2, unroll_length=5,
+                         queue_slots=3)
+    learner, store = build_learner(config, None)
+    ctx = mp.get_context("spawn")
+    weights = SharedWeights(learner.agent, ctx)
+    weights.publish(learner.agent, 5)
+    rollouts = SharedRollouts(store, config.slots_per_batch, ctx)
+    stop, errors = ctx.Event(), ctx.Queue()
+    process = ctx.Process(target=actor_process, args=(config, 0, 0, weights, rollouts, stop, errors), daemon=True)
+    process.start()
+    try:
+        committed = []
+        deadline = time.monotonic() + 60
+        while len(committed) < 3 and time.monotonic() < deadline:
+            try:
+                committed.append(rollouts.full.get(timeout=1.0))
+            except Exception:
+                pass
+        assert sorted(committed) == [0, 1, 2]
+        time.sleep(2.0)  # the actor is now waiting for a free slot
+        assert rollouts.full.empty() and process.is_alive()
+        assert store.policy_version.tolist() == [5, 5, 5]
+        # The unroll is consistent: x_T of a slot is x_0 of the next one the same actor wrote.
+        first, second = store.slot_arrays(committed[0]), store.slot_arrays(committed[1])
+        assert (first["obs"][-1] == second["obs"][0]).all()
+        assert not torch.isnan(store.data["behaviour_log_prob"]).any()
+    finally:
+        stop.set()
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_writes_contract_outputs(run_dir: Path):
+    run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out", str(run_dir), *FAST, check=True)
+    records = read_metrics(run_dir)
+    assert records and all(CONTRACT_KEYS <= set(record) for record in records)
+    assert records[-1]["env_steps"] >= 4000
+    assert any(record["episode_return_mean"] is not None for record in records)
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["total_env_steps"] == 4000
+    assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
+    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())
+    result = run_cli("eval", str(run_dir), "--episodes", "3", check=True)
+    evaluation = json.loads(result.stdout.strip().splitlines()[-1])
+    assert evaluation["episodes"] == 3 and {"return_mean", "return_std"} <= set(evaluation)
+
+
+def test_resume_continues_version_and_env_steps(run_dir: Path):
+    run_cli("train", "--total-env-steps", "3200", "--out", str(run_dir), *FAST, check=True)
+    before = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
+    assert before["env_steps"] >= 3200 and before["updates"] > 0
+    run_cli("train", "--resume", str(run_dir), "--total-env-steps", "6400", check=True)
+    after = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
+    assert after["env_steps"] >= 6400
+    assert after["updates"] == before["updates"] + (after["env_steps"] - before["env_steps"]) // 160
+    records = read_metrics(run_dir)
+    resumed = [r for r in records if r["env_steps"] > before["env_steps"]]
+    assert resumed and resumed[0]["learner_updates"] > before["updates"]
+    assert resumed[0]["wall_time_s"] >= before["wall_time_s"]
+    # Unrolls trained after the resume were produced by weights published after it.
+    assert all(r["policy_lag_mean"] is None or r["policy_lag_mean"] < 10 for r in resumed)
+
+
+def children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_killed_actor_stops_the_run_with_a_checkpoint(run_dir: Path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "100000000", "--out", str(run_dir), *FAST],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.5)
+        # spawn also starts a resource tracker; the actors are the children running spawn_main.
+        actors = [pid for pid in children_of(process.pid)
+                  if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert actors, "no actor processes found"
+        os.kill(actors[0], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1
+    assert "died with exit code -9" in stderr
+    assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
