@@ -19,6 +19,7 @@ def env_options(config: TrainConfig) -> EnvOptions:
         sticky_action_prob=config.sticky_action_prob,
         episodic_life=config.episodic_life,
         max_episode_steps=config.max_episode_steps,
+        normalize_reward_gamma=config.discount if config.normalize_rewards else None,
     )
 
 
@@ -34,6 +35,10 @@ def make_agent(config: TrainConfig, observation_space: gym.Space, action_space: 
         hidden_sizes=config.hidden_sizes,
         use_lstm=config.use_lstm,
         lstm_size=config.lstm_size,
+        normalize_observations=config.normalize_observations,
+        squash_actions=config.squash_actions,
+        log_std_init=config.log_std_init,
+        separate_value_network=config.separate_value_network,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import tyro
 
-from impactrl.config import PRESETS, TrainConfig, coerce, load_yaml, problems, to_yaml
+from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml
 from impactrl.errors import ActorFailed, UserError
 
 USAGE = """usage: impactrl {train,eval} ...
@@ -28,14 +28,18 @@ USAGE = """usage: impactrl {train,eval} ...
 
 
 def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None]:
-    """Defaults < env-family preset < --config FILE.yaml (< the resumed run's config) < flags."""
+    """Defaults < the algorithm's and env family's presets (or the resumed run's config) < --config FILE.yaml < flags."""
     from impactrl.envs import check_env_id, env_family
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path)
     pre.add_argument("--resume", type=Path)
     pre.add_argument("--env")
+    pre.add_argument("--algo")
     known, rest = pre.parse_known_args(list(argv))
+    if known.algo is not None:
+        rest += ["--algo", known.algo]
+    file_values = load_yaml(known.config) if known.config is not None else {}
     if known.resume is not None:
         saved = known.resume / "config.yaml"
         if not saved.exists():
@@ -43,12 +47,11 @@ def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None]
         values = load_yaml(saved)
         values["out"] = known.resume
     else:
-        values = {}
-        env_id = known.env or (load_yaml(known.config).get("env") if known.config else None) or TrainConfig.env
+        env_id = known.env or file_values.get("env") or TrainConfig.env
+        algo = known.algo or file_values.get("algo") or TrainConfig.algo
         check_env_id(env_id)
-        values.update(PRESETS[env_family(env_id)])
-    if known.config is not None:
-        values.update(load_yaml(known.config))
+        values = preset_values(algo, env_family(env_id))
+    values.update(file_values)
     if known.env is not None:
         values["env"] = known.env
     base = dataclasses.replace(TrainConfig(), **coerce(values, "config"))

@@ -21,11 +21,11 @@ from impactrl.errors import UserError
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Train an agent with IMPALA on many actor processes and one learner."""
+    """Train an agent with IMPALA, IMPACT or PPO on many actor processes and one learner."""
 
     # --- what to run --------------------------------------------------------------------------
-    algo: Literal["impala"] = "impala"
-    """Algorithm: IMPALA (V-trace actor-critic)."""
+    algo: Literal["impala", "impact", "ppo"] = "impala"
+    """Algorithm: impala (V-trace actor-critic), impact (IMPALA + target network + circular buffer), ppo (synchronous)."""
     env: str = "CartPole-v1"
     """Gymnasium id: CartPole-v1, MinAtar/Breakout-v1, ALE/Pong-v5, impactrl/CartPoleNoVelocity-v1, ..."""
     total_env_steps: int = 500_000
@@ -74,6 +74,16 @@ class TrainConfig:
     """Add an LSTM core fed with the previous action and clipped reward."""
     lstm_size: int = 256
     """Hidden units of the LSTM core."""
+    separate_value_network: bool = False
+    """Give the value function its own torso (CleanRL's MuJoCo PPO network); not with the LSTM."""
+    normalize_observations: bool = False
+    """Normalise vector observations by running mean and std; the statistics travel with the weights."""
+    normalize_rewards: bool = False
+    """Scale rewards by the running std of the discounted return, per env, clipped to +-10 (CleanRL)."""
+    squash_actions: bool = False
+    """Continuous actions: tanh-squash the Gaussian into the action bounds (default: sample, then clip)."""
+    log_std_init: float = 0.0
+    """Continuous actions: initial log standard deviation of the Gaussian."""
 
     # --- loss (Espeholt et al. 2018) --------------------------------------------------------------
     discount: float = 0.99
@@ -93,15 +103,55 @@ class TrainConfig:
     vtrace_lambda: float = 1.0
     """V-trace lambda: c_t = lambda * min(c-bar, rho_t)."""
 
-    # --- optimiser (RMSProp, as in the IMPALA paper) ------------------------------------------
+    # --- IMPACT (Luo et al. 2020) ------------------------------------------------------------------
+    buffer_batches: int = 1
+    """IMPACT circular buffer: batches held (N)."""
+    buffer_uses: int = 2
+    """IMPACT circular buffer: SGD steps taken on each batch (K)."""
+    target_update_interval: int = 0
+    """IMPACT: learner updates between target-network refreshes (0 = 2 * N * K)."""
+    target_update_tau: float = 1.0
+    """IMPACT: 1 = hard copy; < 1 = Polyak averaging with this weight."""
+    target_scoring: Literal["use", "insert"] = "use"
+    """IMPACT: score a batch with the target network at each use (RLlib) or once at insertion (the paper)."""
+    use_target_network: bool = True
+    """IMPACT ablation: without it the ratio is taken against the behaviour policy."""
+    target_worker_clip: float | None = 2.0
+    """IMPACT: rho in min(mu / pi_target, rho), the truncated IS weight (None = no truncation, an ablation)."""
+    clip_param: float = 0.4
+    """IMPACT and PPO: epsilon of the clipped surrogate."""
+    use_kl_loss: bool = False
+    """IMPACT: add KL(pi_target || pi) with an adaptive coefficient."""
+    kl_coeff: float = 1.0
+    """IMPACT: initial KL coefficient."""
+    kl_target: float = 0.01
+    """IMPACT: the KL the adaptive coefficient aims for."""
+
+    # --- PPO (Schulman et al. 2017, CleanRL's defaults) -------------------------------------------
+    gae_lambda: float = 0.95
+    """PPO: GAE lambda."""
+    update_epochs: int = 10
+    """PPO: passes over each batch."""
+    num_minibatches: int = 32
+    """PPO: minibatches per pass."""
+    normalize_advantages: bool = True
+    """PPO: normalise advantages per minibatch."""
+    clip_value_loss: bool = True
+    """PPO: clip the value update around the old value estimate."""
+
+    # --- optimiser ----------------------------------------------------------------------------
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
+    """RMSProp (the IMPALA paper) or Adam (IMPACT, PPO)."""
     learning_rate: float = 6e-4
-    """RMSProp learning rate."""
+    """Learning rate."""
     rmsprop_alpha: float = 0.99
     """RMSProp smoothing constant (decay)."""
     rmsprop_eps: float = 0.01
     """RMSProp epsilon (losses are summed over the batch, as in the paper, so 0.01 is small)."""
     rmsprop_momentum: float = 0.0
     """RMSProp momentum."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
     lr_decay: bool = True
     """Anneal the learning rate linearly to 0 over total_env_steps."""
     grad_norm_clip: float = 40.0
@@ -117,9 +167,19 @@ class TrainConfig:
 
     # --- derived values -------------------------------------------------------------------------
     @property
+    def synchronous(self) -> bool:
+        """PPO: actors wait for the weights trained on their last unroll before the next one."""
+        return self.algo == "ppo"
+
+    @property
     def slots_per_batch(self) -> int:
         """Actor unrolls (shared-memory slots) that make one learner batch."""
         return self.batch_size // self.envs_per_actor
+
+    @property
+    def target_update_period(self) -> int:
+        """IMPACT: learner updates between target refreshes (the paper's n * N * K with n = 2)."""
+        return self.target_update_interval or 2 * self.buffer_batches * self.buffer_uses
 
     @property
     def num_slots(self) -> int:
@@ -138,7 +198,8 @@ def problems(config: TrainConfig) -> list[str]:
     """Every problem with a config's values, each as a short phrase (empty when all is well)."""
     found: list[str] = []
     positive = ("total_env_steps", "num_actors", "envs_per_actor", "unroll_length", "batch_size",
-                "lstm_size", "frame_skip", "frame_stack", "keep_checkpoints")
+                "lstm_size", "frame_skip", "frame_stack", "keep_checkpoints", "buffer_batches", "buffer_uses",
+                "update_epochs", "num_minibatches")
     for name in positive:
         value = getattr(config, name)
         if value < 1:
@@ -147,6 +208,25 @@ def problems(config: TrainConfig) -> list[str]:
         found.append(f"hidden_sizes must be positive integers, got {list(config.hidden_sizes)}")
     if config.batch_size >= 1 and config.envs_per_actor >= 1 and config.batch_size % config.envs_per_actor:
         found.append(f"batch_size={config.batch_size} must be a multiple of envs_per_actor={config.envs_per_actor}")
+    if config.synchronous and config.batch_size != config.num_actors * config.envs_per_actor:
+        found.append(f"ppo is synchronous: batch_size={config.batch_size} must equal num_actors * envs_per_actor "
+                     f"= {config.num_actors * config.envs_per_actor}")
+    if config.algo == "ppo" and config.num_minibatches > config.steps_per_batch:
+        found.append(f"num_minibatches={config.num_minibatches} exceeds the {config.steps_per_batch} steps of a batch")
+    if config.target_update_interval < 0:
+        found.append(f"target_update_interval must be >= 0, got {config.target_update_interval}")
+    for name in ("target_update_tau", "gae_lambda"):
+        if not 0.0 < getattr(config, name) <= 1.0:
+            found.append(f"{name} must be in (0, 1], got {getattr(config, name)}")
+    for name in ("clip_param", "kl_coeff", "kl_target", "adam_eps"):
+        if not getattr(config, name) > 0:
+            found.append(f"{name} must be > 0, got {getattr(config, name)}")
+    if config.target_worker_clip is not None and not config.target_worker_clip > 0:
+        found.append(f"target_worker_clip must be > 0 or None, got {config.target_worker_clip}")
+    if config.algo == "ppo" and config.use_lstm:
+        found.append("ppo with use_lstm is not supported yet (its minibatches are single steps); use impala or impact")
+    if config.separate_value_network and config.use_lstm:
+        found.append("separate_value_network cannot be combined with use_lstm")
     if config.queue_slots < 0:
         found.append(f"queue_slots must be >= 0, got {config.queue_slots}")
     elif config.queue_slots and config.slots_per_batch >= 1 and config.queue_slots < config.slots_per_batch + 1:
@@ -176,24 +256,23 @@ def problems(config: TrainConfig) -> list[str]:
     return found
 
 
-# Per-family presets: settings that differ from the defaults because the family needs them.
-PRESETS: dict[str, dict[str, Any]] = {
-    # Tuned on CartPole-v1 (seeds 1-3 reach 450 within 500k steps): small batches give the
-    # ~3k updates CartPole needs in that budget; annealing the rate steadies the final policy.
-    "classic": dict(
-        envs_per_actor=4, batch_size=8, learning_rate=2e-3, rmsprop_eps=1e-5, lr_decay=True,
-        baseline_cost=0.25, entropy_cost=0.01, hidden_sizes=(64, 64),
-    ),
-    "minatar": dict(
-        envs_per_actor=16, batch_size=32, learning_rate=6e-4, entropy_cost=0.01,
-    ),
-    # IMPALA paper, Atari (ALGORITHMS.md §b.2): RMSProp 6e-4 annealed to 0, entropy 0.01,
-    # baseline 0.5, rewards clipped to [-1, 1], batch 32 unrolls of 20, grad-norm clip 40.
-    "atari": dict(
-        envs_per_actor=8, batch_size=32, learning_rate=6e-4, lr_decay=True, entropy_cost=0.01,
-        reward_clip="abs_one", total_env_steps=10_000_000,
-    ),
-}
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+def preset_files(algo: str, family: str) -> list[Path]:
+    """The preset YAML files for an algorithm on an env family, general first.
+
+    ``impactrl/configs/{algo}.yaml`` holds the algorithm's own defaults and
+    ``{algo}-{family}.yaml`` what a family needs on top (either may be missing).
+    """
+    return [path for path in (PRESET_DIR / f"{algo}.yaml", PRESET_DIR / f"{algo}-{family}.yaml") if path.exists()]
+
+
+def preset_values(algo: str, family: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for path in preset_files(algo, family):
+        values.update(load_yaml(path))
+    return values
 
 
 def field_names() -> set[str]:
@@ -238,4 +317,4 @@ def with_values(config: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     return dataclasses.replace(config, **values)
 
 
-__all__ = ["TrainConfig", "problems", "PRESETS", "load_yaml", "to_yaml", "coerce", "with_values"]
+__all__ = ["TrainConfig", "problems", "preset_values", "load_yaml", "to_yaml", "coerce", "with_values"]

@@ -9,8 +9,11 @@ import pytest
 FAST = ["--num-actors", "2", "--envs-per-actor", "4", "--batch-size", "8", "--log-interval-s", "0.5"]
 
 
-def run_cli(*args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 300, check: bool = False, extra_path: str | None = None
+            ) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, "-m", "impactrl", *args], capture_output=True, text=True,
                             timeout=timeout, env=env)
     if check and result.returncode != 0:

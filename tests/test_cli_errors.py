@@ -46,9 +46,32 @@ def test_batch_not_multiple_of_envs(run_dir: Path):
     assert_one_line_error(result, "batch_size=12 must be a multiple of envs_per_actor=8")
 
 
-def test_unsupported_action_space(run_dir: Path):
-    result = run_cli("train", "--env", "Pendulum-v1", "--out", str(run_dir))
-    assert_one_line_error(result, "action space Box")
+MULTI_DISCRETE_ENV = """
+import gymnasium as gym
+import numpy as np
+
+
+class TwoButtons(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.MultiDiscrete([2, 3])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 0.0, True, False, {}
+
+
+gym.register("TwoButtons-v0", entry_point=TwoButtons)
+"""
+
+
+def test_unsupported_action_space(tmp_path: Path, run_dir: Path):
+    (tmp_path / "two_buttons.py").write_text(MULTI_DISCRETE_ENV)
+    result = run_cli("train", "--env", "two_buttons:TwoButtons-v0", "--out", str(run_dir),
+                     extra_path=str(tmp_path))
+    assert_one_line_error(result, "action space MultiDiscrete")
     assert not run_dir.exists()
 
 

@@ -6,17 +6,27 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Categorical, kl_divergence
+from torch.distributions import (
+    AffineTransform,
+    Categorical,
+    Independent,
+    Normal,
+    TanhTransform,
+    TransformedDistribution,
+    kl_divergence,
+)
 
 from impactrl.errors import UserError
 from impactrl.models import (
     Agent,
     AgentInput,
     CategoricalHead,
+    GaussianHead,
     MinAtarTorso,
     MLPTorso,
     PolicyHead,
     ResNetTorso,
+    RunningNorm,
     ShallowCNNTorso,
     ValueHead,
     build_agent,
@@ -309,19 +319,20 @@ def test_build_agent_auto_torsos():
 @pytest.mark.parametrize(
     "action_space, needle",
     [
-        (gym.spaces.Box(-1.0, 1.0, (3,), np.float32), "Box(-1.0, 1.0, (3,), float32)"),
+        (gym.spaces.Box(-1.0, 1.0, (3, 2), np.float32), "Box(-1.0, 1.0, (3, 2), float32)"),
         (gym.spaces.MultiDiscrete([3, 4]), "MultiDiscrete([3 4])"),
-        (gym.spaces.Box(np.zeros(40, np.float32), np.arange(1, 41, dtype=np.float32)), "Box("),
+        (gym.spaces.Box(np.zeros((40, 2), np.float32), np.ones((40, 2), np.float32)), "Box("),
+        (gym.spaces.Box(0, 5, (3,), np.int64), "Box(0, 5, (3,), int64)"),
     ],
 )
-def test_build_agent_rejects_non_discrete_actions(action_space, needle):
+def test_build_agent_rejects_unsupported_actions(action_space, needle):
     obs = gym.spaces.Box(-1, 1, (4,), np.float32)
     with pytest.raises(UserError) as info:
         build_agent(obs, action_space)
     msg = str(info.value)
     assert "\n" not in msg and needle in msg and "Discrete" in msg
     if isinstance(action_space, gym.spaces.Box):
-        assert "Gaussian head" in msg
+        assert "1-D float Box" in msg
 
 
 @pytest.mark.parametrize("torso", ["shallow_cnn", "minatar", "resnet"])
@@ -345,3 +356,253 @@ def test_build_agent_other_user_errors():
         build_agent(gym.spaces.Box(0, 1, (5, 5), np.float32), gym.spaces.Discrete(2))
     with pytest.raises(UserError, match="lstm_size"):
         build_agent(obs, gym.spaces.Discrete(2), use_lstm=True, lstm_size=0)
+
+
+# ----------------------------------------------------------------------------- Gaussian head
+
+
+def _gaussian_params(shape=(6, 3), seed=0, std_scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(*shape, generator=g, dtype=torch.float64)
+    log_std = torch.randn(*shape, generator=g, dtype=torch.float64) * std_scale
+    return torch.cat([mean, log_std], dim=-1), mean, log_std
+
+
+def test_gaussian_head_init_and_attributes():
+    torch.manual_seed(0)
+    head = GaussianHead(8, 3, log_std_init=-0.5)
+    assert isinstance(head, PolicyHead)
+    assert head.action_shape == (3,) and head.action_dtype == torch.float32
+    assert head.params_shape == (6,) and head.action_encoding_size == 3
+    assert torch.count_nonzero(head.linear.bias) == 0 and head.linear.weight.abs().max() < 0.05
+    assert isinstance(head.log_std, torch.nn.Parameter) and head.log_std.shape == (3,)
+    params = head(torch.randn(4, 5, 8))
+    assert params.shape == (4, 5, 6)
+    # State-independent log-std, broadcast over the batch.
+    assert torch.equal(params[..., 3:], torch.full((4, 5, 3), -0.5))
+    params.sum().backward()
+    assert head.log_std.grad is not None and torch.equal(head.log_std.grad, torch.full((3,), 20.0))
+    enc = head.encode_action(torch.ones(2, 3, dtype=torch.float64))
+    assert enc.dtype == torch.float32 and enc.shape == (2, 3)
+
+
+def test_gaussian_maths_matches_torch_distributions():
+    head = GaussianHead(1, 3)
+    p_params, p_mean, p_log_std = _gaussian_params(seed=0)
+    q_params, q_mean, q_log_std = _gaussian_params(seed=1)
+    p = Independent(Normal(p_mean, p_log_std.exp()), 1)
+    q = Independent(Normal(q_mean, q_log_std.exp()), 1)
+    actions = p.sample()
+    torch.testing.assert_close(head.log_prob(p_params, actions), p.log_prob(actions))
+    torch.testing.assert_close(head.entropy(p_params), p.entropy())
+    torch.testing.assert_close(head.kl(p_params, q_params), kl_divergence(p, q))
+    torch.testing.assert_close(head.kl(p_params, p_params), torch.zeros(6, dtype=torch.float64))
+    assert torch.equal(head.mode(p_params), p_mean)
+    # Sampling: shapes, moments, determinism with a generator.
+    params = p_params[:1].expand(20_000, 6)
+    samples = head.sample(params, generator=torch.Generator().manual_seed(3))
+    assert samples.shape == (20_000, 3) and samples.dtype == torch.float64
+    torch.testing.assert_close(samples.mean(0), p_mean[0], atol=0.05, rtol=0)
+    torch.testing.assert_close(samples.std(0), p_log_std[0].exp(), atol=0.05, rtol=0.02)
+    again = head.sample(params, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(samples, again)
+
+
+def _squashed_reference(mean, log_std, low, high):
+    base = Normal(mean, log_std.exp())
+    loc, scale = (high + low) / 2, (high - low) / 2
+    transforms = [TanhTransform(cache_size=1), AffineTransform(loc, scale)]
+    return Independent(TransformedDistribution(base, transforms), 1)
+
+
+def test_squashed_gaussian_log_prob_matches_transformed_distribution():
+    low = torch.tensor([-1.0, 0.0, -3.0])
+    high = torch.tensor([1.0, 2.0, 0.5])
+    head = GaussianHead(1, 3, squash=True, action_low=low, action_high=high).double()
+    params, mean, log_std = _gaussian_params((50, 3), seed=4)
+    ref = _squashed_reference(mean, log_std, low.double(), high.double())
+    actions = ref.sample()  # [50, 3]
+    ref_logp = ref.log_prob(actions)  # cache -> exact pre-tanh values
+    # The head inverts the squash with atanh clamped to ±(1 - 1e-6): exact away from saturation.
+    y = (actions - (high + low).double() / 2) / ((high - low).double() / 2)
+    inside = (y.abs() < 1 - 1e-6).all(-1)
+    assert inside.sum() >= 45
+    logp = head.log_prob(params, actions)
+    torch.testing.assert_close(logp[inside], ref_logp[inside], rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(logp).all()
+    # Entropy and KL are those of the underlying Gaussian (KL exactly so).
+    base = Independent(Normal(mean, log_std.exp()), 1)
+    torch.testing.assert_close(head.entropy(params), base.entropy())
+    params_q, mean_q, log_std_q = _gaussian_params((50, 3), seed=5)
+    torch.testing.assert_close(
+        head.kl(params, params_q), kl_divergence(base, Independent(Normal(mean_q, log_std_q.exp()), 1))
+    )
+    mode = head.mode(params)
+    torch.testing.assert_close(mode, (high + low).double() / 2 + (high - low).double() / 2 * torch.tanh(mean))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_squashed_samples_stay_in_bounds_with_finite_log_prob(dtype):
+    low = torch.tensor([-0.4, 2.0])
+    high = torch.tensor([0.4, 5.0])
+    head = GaussianHead(1, 2, squash=True, action_low=low, action_high=high).to(dtype)
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(4000, 2, generator=g, dtype=dtype) * 5  # many saturated samples
+    log_std = torch.randn(4000, 2, generator=g, dtype=dtype)
+    params = torch.cat([mean, log_std], dim=-1)
+    actions = head.sample(params, generator=g)
+    assert actions.dtype == dtype
+    assert (actions >= low.to(dtype)).all() and (actions <= high.to(dtype)).all()
+    logp = head.log_prob(params, actions)
+    assert logp.shape == (4000,) and torch.isfinite(logp).all()
+    # Actions exactly on the bounds are clamped before atanh: still finite.
+    edge = torch.stack([low, high]).to(dtype)
+    assert torch.isfinite(head.log_prob(params[:2], edge)).all()
+    # Actions as float32 (what the rollout stores) against float64 params.
+    assert torch.isfinite(head.log_prob(params.double(), actions.float())).all()
+
+
+# ------------------------------------------------------------------------------ RunningNorm
+
+
+def test_running_norm_matches_numpy_over_several_updates():
+    rng = np.random.default_rng(0)
+    norm = RunningNorm((3,))
+    assert {"mean", "var", "count"} <= set(norm.state_dict())
+    assert not list(norm.parameters())
+    x0 = torch.randn(5, 3)
+    torch.testing.assert_close(norm(x0), x0, atol=1e-6, rtol=0)  # initial stats: identity
+    seen = []
+    for size in (1, 7, 64, 3, (4, 5)):  # different batch sizes, also [T, B, 3]
+        shape = (size, 3) if isinstance(size, int) else (*size, 3)
+        batch = rng.normal(loc=[1.0, -2.0, 50.0], scale=[0.5, 3.0, 10.0], size=shape)
+        norm.update(torch.from_numpy(batch))
+        seen.append(batch.reshape(-1, 3))
+    data = np.concatenate(seen)
+    np.testing.assert_allclose(norm.mean.numpy(), data.mean(0), rtol=1e-7)
+    np.testing.assert_allclose(norm.var.numpy(), data.var(0), rtol=1e-7)
+    assert norm.count.item() == pytest.approx(len(data) + 1e-8)
+    # forward uses the stats, never updates them, computes in float32 and clips.
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    obs = torch.from_numpy(data[:10])
+    out = norm(obs)
+    assert out.dtype == torch.float32
+    expected = (data[:10] - data.mean(0)) / np.sqrt(data.var(0) + 1e-8)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(before[k], v) for k, v in norm.state_dict().items())
+    far = norm(torch.tensor([[1e6, -1e6, 50.0]]))
+    assert far[0, 0] == 10.0 and far[0, 1] == -10.0
+    # The statistics stay float64 through dtype casts.
+    norm.float()
+    assert norm.mean.dtype == norm.var.dtype == norm.count.dtype == torch.float64
+
+
+# --------------------------------------------------------------------------- MuJoCo agents
+
+
+@pytest.fixture(scope="module")
+def hopper_spaces():
+    env = gym.make("Hopper-v5")
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def _hopper_inputs(obs_space, act_space, T, B, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(T, B, *obs_space.shape, generator=g, dtype=torch.float64) * 3 + 1
+    first = torch.zeros(T, B, dtype=torch.bool)
+    first[0] = True
+    return AgentInput(
+        obs=obs,
+        prev_action=torch.rand(T, B, *act_space.shape, generator=g) * 2 - 1,
+        prev_reward=torch.randn(T, B, generator=g),
+        first=first,
+    )
+
+
+def test_hopper_agent_with_obs_norm_and_separate_value_network(hopper_spaces):
+    obs_space, act_space = hopper_spaces
+    torch.manual_seed(0)
+    agent = build_agent(obs_space, act_space, normalize_observations=True, separate_value_network=True,
+                        log_std_init=-0.5)
+    head = agent.policy_head
+    assert isinstance(head, GaussianHead) and not head.squash and head.action_shape == (3,)
+    assert isinstance(agent.obs_norm, RunningNorm) and agent.obs_norm.shape == (11,)
+    assert isinstance(agent.torso, MLPTorso) and isinstance(agent.value_torso, MLPTorso)
+    assert agent.torso is not agent.value_torso and agent.value_head.linear.in_features == 64
+    T, B = 4, 3
+    inputs = _hopper_inputs(obs_space, act_space, T, B)
+    agent.obs_norm.update(inputs.obs)
+    out, state = agent(inputs, agent.initial_state(B))
+    assert state == () and out.policy.shape == (T, B, 6) and out.value.shape == (T, B)
+    actions = head.sample(out.policy)
+    assert actions.shape == (T, B, 3) and actions.dtype == torch.float32 and not actions.requires_grad
+    loss = -head.log_prob(out.policy, actions).mean() + out.value.pow(2).mean()
+    loss.backward()
+    for name, p in agent.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # The policy does not depend on the value torso and vice versa.
+    with torch.no_grad():
+        agent.value_torso.layers[0].weight.add_(1.0)
+        out2, _ = agent(inputs, ())
+    assert torch.equal(out2.policy, out.policy) and not torch.allclose(out2.value, out.value)
+
+    # Weights (with the normalisation statistics) travel through the state_dict.
+    torch.manual_seed(1)
+    other = build_agent(obs_space, act_space, normalize_observations=True, separate_value_network=True)
+    assert not torch.equal(other.obs_norm.mean, agent.obs_norm.mean)
+    other.load_state_dict(agent.state_dict())
+    torch.testing.assert_close(other.obs_norm(inputs.obs), agent.obs_norm(inputs.obs), rtol=0, atol=0)
+    with torch.no_grad():
+        out_a, _ = agent(inputs, ())
+        out_b, _ = other(inputs, ())
+    torch.testing.assert_close(out_b.policy, out_a.policy, rtol=0, atol=0)
+    torch.testing.assert_close(out_b.value, out_a.value, rtol=0, atol=0)
+
+
+def test_hopper_squashed_agent_with_lstm(hopper_spaces):
+    obs_space, act_space = hopper_spaces
+    agent = build_agent(obs_space, act_space, squash_actions=True, use_lstm=True, lstm_size=16)
+    head = agent.policy_head
+    assert head.squash and agent.obs_norm is None and agent.value_torso is None
+    assert agent.core.input_size == 64 + 1 + 3
+    T, B = 3, 2
+    out, state = agent(_hopper_inputs(obs_space, act_space, T, B), agent.initial_state(B))
+    actions = head.sample(out.policy)
+    low, high = torch.from_numpy(act_space.low), torch.from_numpy(act_space.high)
+    assert (actions >= low).all() and (actions <= high).all()
+    assert torch.isfinite(head.log_prob(out.policy, actions)).all()
+
+
+def test_build_agent_default_is_unchanged_by_new_options():
+    obs = gym.spaces.Box(-1, 1, (4,), np.float32)
+    torch.manual_seed(0)
+    a = build_agent(obs, gym.spaces.Discrete(3))
+    torch.manual_seed(0)
+    b = build_agent(obs, gym.spaces.Discrete(3), normalize_observations=False, separate_value_network=False,
+                    squash_actions=False)
+    assert a.obs_norm is None and a.value_torso is None
+    assert a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    assert isinstance(a.policy_head, CategoricalHead)
+
+
+def test_build_agent_continuous_user_errors():
+    vec = gym.spaces.Box(-1, 1, (4,), np.float32)
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    # Unbounded actions are fine without squashing...
+    assert isinstance(build_agent(vec, unbounded).policy_head, GaussianHead)
+    # ...but not with it.
+    with pytest.raises(UserError) as info:
+        build_agent(vec, unbounded, squash_actions=True)
+    msg = str(info.value)
+    assert "\n" not in msg and "finite" in msg and "Box(-inf, inf, (2,), float32)" in msg
+    with pytest.raises(UserError, match="use_lstm"):
+        build_agent(vec, gym.spaces.Discrete(2), separate_value_network=True, use_lstm=True)
+    image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    with pytest.raises(UserError, match="1-D float observations"):
+        build_agent(image, gym.spaces.Discrete(2), normalize_observations=True)
+    with pytest.raises(UserError, match="1-D float observations"):
+        build_agent(gym.spaces.Box(0, 1, (4,), np.int64), gym.spaces.Discrete(2), normalize_observations=True)

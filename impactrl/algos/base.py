@@ -1,14 +1,16 @@
-"""What the learner loop needs from an algorithm: a loss, its optimiser and its batch buffer.
+"""What the learner loop needs from an algorithm: a loss, the optimiser and a batch buffer.
 
 The learner loop (``impactrl.runtime.learner``) is the same for every algorithm::
 
-    algorithm.add_batch(batch)                       # a fresh batch from the actors
-    while (train_batch := algorithm.next_batch()) is not None:
-        loss, stats = algorithm.loss(train_batch)    # one SGD step per batch drawn
-        optimiser step
-        algorithm.after_update(update_count)         # e.g. refresh a target network
+    if algorithm.wants_data():                 # IMPALA: nothing pending; IMPACT: buffer not full
+        algorithm.add_batch(source.next_batch())
+    train_batch = algorithm.next_batch()       # None: wait for more data
+    loss, stats = algorithm.loss(train_batch)  # one SGD step per batch drawn
+    optimiser step; algorithm.after_update(updates)
+    if algorithm.publish_now(): publish weights with version = updates
 
-IMPALA trains on each batch once; IMPACT draws from a circular buffer several times.
+IMPALA trains on each batch once, IMPACT draws from a circular buffer (each batch K times),
+PPO cuts each batch into minibatches for several epochs and publishes only after the last.
 """
 
 from __future__ import annotations
@@ -22,6 +24,23 @@ from impactrl.data.rollout import Batch
 from impactrl.models import Agent
 
 
+def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(parameters, lr=config.learning_rate, eps=config.adam_eps)
+    return torch.optim.RMSprop(parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha,
+                               eps=config.rmsprop_eps, momentum=config.rmsprop_momentum)
+
+
+def to_floats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """One device-to-host transfer for all statistics instead of one sync per value."""
+    tensors = {key: value for key, value in stats.items() if isinstance(value, torch.Tensor)}
+    out = {key: float(value) for key, value in stats.items() if not isinstance(value, torch.Tensor)}
+    if tensors:
+        values = torch.stack([value.detach().float().reshape(()) for value in tensors.values()]).tolist()
+        out.update(zip(tensors, values))
+    return out
+
+
 class Algorithm(ABC):
     def __init__(self, config: TrainConfig, agent: Agent):
         self.config = config
@@ -29,12 +48,12 @@ class Algorithm(ABC):
         self._pending: Batch | None = None
 
     @abstractmethod
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        """The optimiser over the agent's parameters, with the algorithm's defaults."""
-
-    @abstractmethod
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The scalar loss to minimise on one batch, and statistics to log."""
+
+    def wants_data(self) -> bool:
+        """Whether the learner should wait for a fresh batch before the next SGD step."""
+        return self._pending is None
 
     def add_batch(self, batch: Batch) -> None:
         """Take a fresh batch from the actors (the default trains on it exactly once)."""
@@ -45,8 +64,13 @@ class Algorithm(ABC):
         batch, self._pending = self._pending, None
         return batch
 
-    def after_update(self, updates: int) -> None:
-        """Called after every optimiser step with the learner's update count."""
+    def after_update(self, updates: int) -> dict[str, float]:
+        """Called after every optimiser step with the learner's update count; returns stats."""
+        return {}
+
+    def publish_now(self) -> bool:
+        """Whether actors should get the weights after this update (PPO: only after the last epoch)."""
+        return True
 
     def state_dict(self) -> dict:
         """Algorithm state beyond the agent and optimiser, saved in checkpoints."""

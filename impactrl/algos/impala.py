@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from impactrl.algos.base import Algorithm
+from impactrl.algos.base import Algorithm, to_floats
 from impactrl.data.rollout import Batch, core_state
-from impactrl.models import AgentInput
+from impactrl.models import Agent, AgentInput, AgentOutput
 from impactrl.ops.returns import bootstrap_truncations
 from impactrl.ops.vtrace import vtrace_from_importance_weights
-
-
-def to_floats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """One device-to-host transfer for all statistics instead of one sync per value."""
-    values = torch.stack([value.detach().float() for value in stats.values()]).tolist()
-    return dict(zip(stats, values))
 
 
 def transform_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
@@ -29,17 +23,18 @@ def transform_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
     return rewards
 
 
-class Impala(Algorithm):
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        c = self.config
-        return torch.optim.RMSprop(self.agent.parameters(), lr=c.learning_rate, alpha=c.rmsprop_alpha,
-                                   eps=c.rmsprop_eps, momentum=c.rmsprop_momentum)
+def agent_outputs(agent: Agent, batch: Batch) -> AgentOutput:
+    """The agent over a batch's T+1 observations, its LSTM starting from the actors' state."""
+    inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"])
+    output, _ = agent(inputs, core_state(batch))
+    return output
 
+
+class Impala(Algorithm):
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.config
         head = self.agent.policy_head
-        inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"])
-        output, _ = self.agent(inputs, core_state(batch))
+        output = agent_outputs(self.agent, batch)
         policy, values, bootstrap_value = output.policy[:-1], output.value[:-1], output.value[-1]
 
         log_prob = head.log_prob(policy, batch["action"])

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import gymnasium as gym
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation, RecordEpisodeStatistics
+import numpy as np
+from gymnasium.wrappers import (AtariPreprocessing, ClipAction, FrameStackObservation, NormalizeReward,
+                                RecordEpisodeStatistics, TransformReward)
 
 from impactrl.errors import UserError
 from impactrl.envs.wrappers import ChannelsFirstUint8, EpisodicLife
@@ -36,7 +38,7 @@ __all__ = [
     "make_env",
 ]
 
-EnvFamily = Literal["atari", "minatar", "classic"]
+EnvFamily = Literal["atari", "minatar", "mujoco", "classic"]
 CARTPOLE_NO_VELOCITY_ID = "impactrl/CartPoleNoVelocity-v1"
 
 
@@ -51,6 +53,7 @@ class EnvOptions:
     sticky_action_prob: float | None = None  # Atari only: None = the id's default (0.25 for v5)
     episodic_life: bool = True  # Atari only, training only: a life loss ends the training episode
     max_episode_steps: int | None = None  # None = the env's registered limit
+    normalize_reward_gamma: float | None = None  # training only: scale rewards by the std of the γ-discounted return
 
     def problems(self) -> list[str]:
         """Every out-of-range option, each as a short phrase; empty when all are valid."""
@@ -69,6 +72,9 @@ class EnvOptions:
                 out.append(f"sticky_action_prob must be a number in [0, 1] or None, got {p!r}")
             elif not (0.0 <= float(p) <= 1.0):  # also rejects NaN
                 out.append(f"sticky_action_prob must be in [0, 1], got {p!r}")
+        g = self.normalize_reward_gamma
+        if g is not None and not (isinstance(g, numbers.Real) and 0.0 < float(g) <= 1.0):
+            out.append(f"normalize_reward_gamma must be in (0, 1] or None, got {g!r}")
         if not isinstance(self.episodic_life, bool):
             out.append(f"episodic_life must be true or false, got {self.episodic_life!r}")
         return out
@@ -176,6 +182,8 @@ def env_family(env_id: str) -> EnvFamily:
         return "minatar"
     if _is_atari_entry_point(entry_point):
         return "atari"
+    if isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.mujoco"):
+        return "mujoco"
     return "classic"
 
 
@@ -230,7 +238,11 @@ def make_env(
       ``options.episodic_life``). Observation: uint8 ``(frame_stack, screen_size, screen_size)``.
     - minatar: ``gym.make`` → RecordEpisodeStatistics → ChannelsFirstUint8. Observation: uint8
       ``(C, 10, 10)`` in {0, 1}.
-    - classic: ``gym.make`` → RecordEpisodeStatistics.
+    - classic, mujoco: ``gym.make`` → RecordEpisodeStatistics.
+    - any family with a Box action space: → ClipAction (a Gaussian policy samples outside the
+      bounds; the log-prob stays that of the unclipped sample, as in CleanRL).
+    - ``training`` and ``options.normalize_reward_gamma``: → NormalizeReward(γ) → rewards clipped
+      to ±10 (CleanRL's MuJoCo setup). Episode statistics stay unscaled: they are recorded inside.
 
     ``options.max_episode_steps`` (None = the registered limit) counts agent steps. For
     classic/MinAtar it goes to ``gym.make`` (a TimeLimit); for Atari it becomes the ALE's
@@ -261,6 +273,11 @@ def make_env(
     else:
         env = _gym_make(env_id, max_episode_steps=options.max_episode_steps)
         env = RecordEpisodeStatistics(env)
+    if isinstance(env.action_space, gym.spaces.Box):
+        env = ClipAction(env)
+    if training and options.normalize_reward_gamma is not None:
+        env = NormalizeReward(env, gamma=float(options.normalize_reward_gamma))
+        env = TransformReward(env, lambda reward: float(np.clip(reward, -10.0, 10.0)))
 
     if seed is not None:
         env.action_space.seed(seed)

@@ -8,7 +8,8 @@ from impactrl.models.agent import (
     build_torso,
     supported_torsos,
 )
-from impactrl.models.heads import CategoricalHead, PolicyHead, ValueHead
+from impactrl.models.heads import CategoricalHead, GaussianHead, PolicyHead, ValueHead
+from impactrl.models.normalization import RunningNorm
 from impactrl.models.torsos import MinAtarTorso, MLPTorso, ResNetTorso, ShallowCNNTorso
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "supported_torsos",
     "PolicyHead",
     "CategoricalHead",
+    "GaussianHead",
+    "RunningNorm",
     "ValueHead",
     "MLPTorso",
     "MinAtarTorso",

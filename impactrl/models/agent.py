@@ -5,6 +5,10 @@ input at step t is ``concat[features, clip(prev_reward, -1, 1), policy_head.enco
 prev_action)]`` and the ``nn.LSTMCell`` is stepped over T in a Python loop, the state being reset
 to zeros for batch entries whose ``first[t]`` is True BEFORE step t (ALGORITHMS.md §a.5, §f).
 So an unroll of T steps at once equals T one-step calls carrying the state (actors vs learner).
+
+Optionally a ``RunningNorm`` (``agent.obs_norm``) normalises observations before the torso, and
+a separate value torso (``agent.value_torso``, CleanRL's MuJoCo PPO architecture) feeds the
+value head instead of the shared features (feed-forward agents only).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from impactrl.errors import UserError
-from impactrl.models.heads import CategoricalHead, PolicyHead, ValueHead
+from impactrl.models.heads import CategoricalHead, GaussianHead, PolicyHead, ValueHead
+from impactrl.models.normalization import RunningNorm
 from impactrl.models.torsos import (
     ATARI_SCALE,
     MinAtarTorso,
@@ -62,6 +67,11 @@ class Agent(nn.Module):
         use_lstm: put an ``nn.LSTMCell(lstm_size)`` between torso and heads.
         lstm_size: LSTM hidden size.
         value_head_factory: ``core_output_size -> nn.Module``; defaults to ``ValueHead(n)``.
+            With ``value_torso`` it gets ``value_torso.output_size`` instead.
+        obs_norm: module applied to the observations ``[T, B, *obs_shape]`` before the torso(s)
+            (a ``RunningNorm``); ``None`` for none.
+        value_torso: a second torso feeding only the value head (no shared features); the
+            policy head then reads ``torso`` alone. Not allowed with an LSTM.
     """
 
     def __init__(
@@ -72,10 +82,15 @@ class Agent(nn.Module):
         lstm_size: int = 256,
         *,
         value_head_factory: Callable[[int], nn.Module] | None = None,
+        obs_norm: nn.Module | None = None,
+        value_torso: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if use_lstm and int(lstm_size) < 1:
             raise UserError(f"lstm_size must be positive, got {lstm_size}")
+        if use_lstm and value_torso is not None:
+            raise UserError("a separate value network needs a feed-forward agent: turn off use_lstm")
+        self.obs_norm = obs_norm
         self.torso = torso
         self.use_lstm = bool(use_lstm)
         self.lstm_size = int(lstm_size) if self.use_lstm else 0
@@ -84,7 +99,9 @@ class Agent(nn.Module):
         if not isinstance(self.policy_head, PolicyHead):
             raise TypeError(f"policy_head_factory returned {type(self.policy_head).__name__}, not a PolicyHead")
         make_value = value_head_factory if value_head_factory is not None else ValueHead
-        self.value_head = make_value(self.core_output_size)
+        self.value_torso = value_torso
+        value_input = self.core_output_size if value_torso is None else int(value_torso.output_size)
+        self.value_head = make_value(value_input)
         if self.use_lstm:
             core_input = int(torso.output_size) + 1 + int(self.policy_head.action_encoding_size)
             self.core: nn.LSTMCell | None = nn.LSTMCell(core_input, self.lstm_size)
@@ -104,14 +121,20 @@ class Agent(nn.Module):
     def forward(self, inputs: AgentInput, core_state: CoreState) -> tuple[AgentOutput, CoreState]:
         obs = inputs.obs
         T, B = obs.shape[:2]
-        features = self.torso(obs.reshape((T * B,) + tuple(obs.shape[2:])))
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        flat_obs = obs.reshape((T * B,) + tuple(obs.shape[2:]))
+        features = self.torso(flat_obs)
         if self.core is None:
             core_out = features.reshape(T, B, -1)
             new_state = core_state
         else:
             core_out, new_state = self._unroll(features, inputs, core_state, T, B)
         policy = self.policy_head(core_out)
-        value = self.value_head(core_out)
+        if self.value_torso is None:
+            value = self.value_head(core_out)
+        else:
+            value = self.value_head(self.value_torso(flat_obs).reshape(T, B, -1))
         return AgentOutput(policy=policy, value=value), new_state
 
     def _unroll(
@@ -202,15 +225,57 @@ def build_torso(
 
 def _check_action_space(action_space: gym.Space) -> int:
     if not isinstance(action_space, gym.spaces.Discrete):
-        hint = " (continuous actions come with the Gaussian head)" if isinstance(action_space, gym.spaces.Box) else ""
         raise UserError(
-            f"action space {_describe(action_space)} is not supported yet: impactrl handles Discrete actions{hint}"
+            f"action space {_describe(action_space)} is not supported: impactrl handles Discrete actions "
+            f"and 1-D float Box actions"
         )
     if int(action_space.start) != 0:
         raise UserError(
             f"action space {_describe(action_space)} is not supported: Discrete actions must start at 0"
         )
     return int(action_space.n)
+
+
+def _policy_head_factory(
+    action_space: gym.Space, *, squash_actions: bool, log_std_init: float
+) -> Callable[[int], PolicyHead]:
+    """Categorical head for Discrete spaces, Gaussian head for 1-D float Box spaces."""
+    if not isinstance(action_space, gym.spaces.Box):
+        num_actions = _check_action_space(action_space)
+        return lambda n: CategoricalHead(n, num_actions)
+    if len(action_space.shape) != 1 or not np.issubdtype(action_space.dtype, np.floating):
+        raise UserError(
+            f"action space {_describe(action_space)} is not supported: continuous actions must be a 1-D "
+            f"float Box (Discrete actions are supported too)"
+        )
+    action_size = int(action_space.shape[0])
+    if not squash_actions:
+        return lambda n: GaussianHead(n, action_size, log_std_init=log_std_init)
+    low = np.asarray(action_space.low, dtype=np.float64)
+    high = np.asarray(action_space.high, dtype=np.float64)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()) or not (high > low).all():
+        raise UserError(
+            f"squash_actions needs finite action bounds with low < high, but the action space is "
+            f"{_describe(action_space)}; turn squash_actions off"
+        )
+    low_t = torch.as_tensor(low, dtype=torch.float32)
+    high_t = torch.as_tensor(high, dtype=torch.float32)
+    return lambda n: GaussianHead(
+        n, action_size, log_std_init=log_std_init, squash=True, action_low=low_t, action_high=high_t
+    )
+
+
+def _build_obs_norm(observation_space: gym.Space) -> RunningNorm:
+    if (
+        not isinstance(observation_space, gym.spaces.Box)
+        or len(observation_space.shape) != 1
+        or not np.issubdtype(observation_space.dtype, np.floating)
+    ):
+        raise UserError(
+            f"normalize_observations needs 1-D float observations, but the observation space is "
+            f"{_describe(observation_space)}"
+        )
+    return RunningNorm(observation_space.shape)
 
 
 def build_agent(
@@ -221,17 +286,40 @@ def build_agent(
     hidden_sizes: Sequence[int] = (64, 64),
     use_lstm: bool = False,
     lstm_size: int = 256,
+    normalize_observations: bool = False,
+    squash_actions: bool = False,
+    log_std_init: float = 0.0,
+    separate_value_network: bool = False,
 ) -> Agent:
     """Build an agent for gymnasium spaces; raises ``UserError`` for unsupported combinations.
 
     ``torso="auto"`` picks "mlp" for 1-D observations, "minatar" for (C, H, W) images with
     H, W ≤ 16, "shallow_cnn" for larger images; "resnet" only when asked.
+
+    Discrete actions get a ``CategoricalHead``; 1-D float Box actions a ``GaussianHead`` with a
+    state-independent log-std starting at ``log_std_init``. With ``squash_actions`` the Gaussian
+    is tanh-squashed into the space's (finite) bounds; without it actions are unbounded and the
+    environment side should clip them. ``squash_actions`` / ``log_std_init`` do nothing for
+    Discrete actions.
+
+    ``normalize_observations`` puts a ``RunningNorm`` (``agent.obs_norm``) in front of the torso
+    (1-D float observations only); the learner must call ``agent.obs_norm.update(obs)`` itself.
+    ``separate_value_network`` gives the value head its own torso of the same kind
+    (``agent.value_torso``), as in CleanRL's MuJoCo PPO; feed-forward agents only.
     """
-    num_actions = _check_action_space(action_space)
+    head_factory = _policy_head_factory(action_space, squash_actions=squash_actions, log_std_init=log_std_init)
+    if separate_value_network and use_lstm:
+        raise UserError("separate_value_network needs a feed-forward agent: turn off use_lstm")
+    obs_norm = _build_obs_norm(observation_space) if normalize_observations else None
     torso_module = build_torso(observation_space, torso, hidden_sizes=hidden_sizes)
+    value_torso = (
+        build_torso(observation_space, torso, hidden_sizes=hidden_sizes) if separate_value_network else None
+    )
     return Agent(
         torso_module,
-        lambda n: CategoricalHead(n, num_actions),
+        head_factory,
         use_lstm=use_lstm,
         lstm_size=lstm_size,
+        obs_norm=obs_norm,
+        value_torso=value_torso,
     )

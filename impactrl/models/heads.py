@@ -1,7 +1,7 @@
 """Policy and value heads.
 
 A policy head maps features ``[..., F]`` to distribution parameters packed in ONE tensor
-``[..., *params_shape]`` (logits for a categorical; a Gaussian head would pack mean and log-std)
+``[..., *params_shape]`` (logits for a categorical; mean and log-std for a Gaussian)
 and owns the distribution's maths, so losses and actors never assume an action type:
 
     params = head(features)
@@ -15,12 +15,13 @@ arguments on every construction, which is slow in the learner's hot path.
 from __future__ import annotations
 
 import abc
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PolicyHead", "CategoricalHead", "ValueHead"]
+__all__ = ["PolicyHead", "CategoricalHead", "GaussianHead", "ValueHead"]
 
 
 class PolicyHead(nn.Module, abc.ABC):
@@ -118,6 +119,133 @@ class CategoricalHead(PolicyHead):
 
     def extra_repr(self) -> str:
         return f"num_actions={self.num_actions}"
+
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_LOG_2 = math.log(2.0)
+SQUASH_ATANH_LIMIT = 1.0 - 1e-6
+
+
+class GaussianHead(PolicyHead):
+    """Diagonal Gaussian over ``action_size`` continuous actions (CleanRL's MuJoCo PPO head).
+
+    A Linear gives the mean (orthogonal init with gain 0.01, zero bias); the log-std is one
+    learnable, **state-independent** ``nn.Parameter`` of shape ``[action_size]`` initialised to
+    ``log_std_init``. ``forward`` packs ``params = concat(mean, log_std)`` into one tensor
+    ``[..., 2 * action_size]`` (the log-std broadcast over the batch, so gradients reach it
+    through the params). ``log_prob`` and ``entropy`` sum over the action dimension.
+
+    Without ``squash`` actions are the raw Gaussian samples (unbounded; clip them in the env).
+
+    With ``squash=True`` an action is ``a = loc + scale · tanh(u)``, ``u ~ N(mean, std)``, with
+    ``loc = (high + low) / 2`` and ``scale = (high - low) / 2`` (``action_low`` / ``action_high``,
+    default −1 / 1), so samples lie in ``[low, high]``. Then:
+
+    * ``log_prob(params, a)`` inverts the squash, ``u = atanh(clamp((a - loc) / scale,
+      ±(1 − 1e-6)))``, and returns ``log N(u) − log(1 − tanh²u) − log scale`` summed over the
+      action dimension, using ``log(1 − tanh²u) = 2·(log 2 − u − softplus(−2u))``. Actions
+      on (or numerically at) the bounds are clamped first, so their log-prob is finite.
+    * ``entropy`` is the entropy of the underlying Gaussian ``N(mean, std)`` — the squashed
+      distribution's entropy has no closed form (it differs by ``E[log |da/du|]``).
+    * ``kl`` is exact: KL is invariant under the same bijection applied to both distributions.
+    * ``mode`` is ``loc + scale · tanh(mean)`` (the squashed mean, the usual greedy action).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        action_size: int,
+        *,
+        log_std_init: float = 0.0,
+        squash: bool = False,
+        action_low: Tensor | float | None = None,
+        action_high: Tensor | float | None = None,
+    ) -> None:
+        super().__init__()
+        if action_size < 1:
+            raise ValueError(f"action_size must be positive, got {action_size}")
+        self.action_size = int(action_size)
+        self.squash = bool(squash)
+        self.linear = nn.Linear(int(input_size), self.action_size)
+        nn.init.orthogonal_(self.linear.weight, gain=0.01)
+        nn.init.zeros_(self.linear.bias)
+        self.log_std = nn.Parameter(torch.full((self.action_size,), float(log_std_init)))
+        self.action_shape = (self.action_size,)
+        self.action_dtype = torch.float32
+        self.params_shape = (2 * self.action_size,)
+        self.action_encoding_size = self.action_size
+        if self.squash:
+            low = torch.as_tensor(-1.0 if action_low is None else action_low, dtype=torch.float32)
+            high = torch.as_tensor(1.0 if action_high is None else action_high, dtype=torch.float32)
+            low = low.expand(self.action_size).clone()
+            high = high.expand(self.action_size).clone()
+            if not (torch.isfinite(low).all() and torch.isfinite(high).all() and (high > low).all()):
+                raise ValueError(f"squash needs finite bounds with low < high, got low={low}, high={high}")
+            # Constants of the action space, not learned state: kept out of the state_dict.
+            self.register_buffer("action_low", low, persistent=False)
+            self.register_buffer("action_high", high, persistent=False)
+            self.register_buffer("action_loc", (high + low) / 2, persistent=False)
+            self.register_buffer("action_scale", (high - low) / 2, persistent=False)
+
+    def forward(self, features: Tensor) -> Tensor:
+        mean = self.linear(features)
+        return torch.cat([mean, self.log_std.to(mean.dtype).expand_as(mean)], dim=-1)
+
+    def split(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """``params`` → ``(mean, log_std)``, each ``[..., action_size]``."""
+        return params[..., : self.action_size], params[..., self.action_size :]
+
+    def _squash(self, u: Tensor) -> Tensor:
+        loc, scale = self.action_loc.to(u.dtype), self.action_scale.to(u.dtype)
+        a = loc + scale * torch.tanh(u)
+        # Rounding in loc + scale·(±1) may step just past a bound.
+        return torch.minimum(torch.maximum(a, self.action_low.to(u.dtype)), self.action_high.to(u.dtype))
+
+    @torch.no_grad()
+    def sample(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Sampled actions carry no gradient (like the categorical's; no reparameterisation)."""
+        mean, log_std = self.split(params)
+        noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+        u = mean + log_std.exp() * noise
+        return self._squash(u) if self.squash else u
+
+    def mode(self, params: Tensor) -> Tensor:
+        mean, _ = self.split(params)
+        return self._squash(mean) if self.squash else mean
+
+    def log_prob(self, params: Tensor, actions: Tensor) -> Tensor:
+        mean, log_std = self.split(params)
+        a = actions.to(mean.dtype)
+        if self.squash:
+            loc, scale = self.action_loc.to(mean.dtype), self.action_scale.to(mean.dtype)
+            y = ((a - loc) / scale).clamp(-SQUASH_ATANH_LIMIT, SQUASH_ATANH_LIMIT)
+            u = torch.atanh(y)
+        else:
+            u = a
+        z = (u - mean) * torch.exp(-log_std)
+        logp = -0.5 * z.square() - log_std - _HALF_LOG_2PI
+        if self.squash:
+            log_det_tanh = 2.0 * (_LOG_2 - u - F.softplus(-2.0 * u))  # log(1 - tanh(u)^2)
+            logp = logp - log_det_tanh - torch.log(scale)
+        return logp.sum(dim=-1)
+
+    def entropy(self, params: Tensor) -> Tensor:
+        """Entropy of ``N(mean, std)`` summed over actions; with squash, of the UNsquashed Gaussian."""
+        _, log_std = self.split(params)
+        return (log_std + (0.5 + _HALF_LOG_2PI)).sum(dim=-1)
+
+    def kl(self, params_p: Tensor, params_q: Tensor) -> Tensor:
+        mean_p, log_std_p = self.split(params_p)
+        mean_q, log_std_q = self.split(params_q)
+        var_ratio = torch.exp(2.0 * (log_std_p - log_std_q))
+        mahalanobis = ((mean_p - mean_q) * torch.exp(-log_std_q)).square()
+        return (log_std_q - log_std_p + 0.5 * (var_ratio + mahalanobis - 1.0)).sum(dim=-1)
+
+    def encode_action(self, actions: Tensor) -> Tensor:
+        return actions.to(torch.get_default_dtype())
+
+    def extra_repr(self) -> str:
+        return f"action_size={self.action_size}, squash={self.squash}"
 
 
 class ValueHead(nn.Module):

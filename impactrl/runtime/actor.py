@@ -13,10 +13,12 @@ and the loop is::
         if weights.version() > v: load them        # only at unroll boundaries
         write the core state, then T steps of (x_t, a_t, log μ(a_t|x_t), r_t, ...) and x_T
         sink.commit(slot, version=v)               # the unroll records which μ produced it
+        synchronous (PPO)? wait until weights.version() > v
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Protocol
 
 import numpy as np
@@ -167,5 +169,9 @@ def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: R
                 version = weights.load_into(actor.agent)
             actor.unroll(sink.arrays(slot))
             sink.commit(slot, version)
+            if config.synchronous:
+                # Synchronous (PPO): the next unroll must come from the weights trained on this one.
+                while weights.version() <= version and not should_stop():
+                    time.sleep(0.0005)
     finally:
         actor.close()

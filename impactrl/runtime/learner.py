@@ -9,10 +9,12 @@ and the loop is::
 
     publish(weights, version = updates)
     until total_env_steps are consumed:
-        batch = source.next_batch()          # idle time here is logged as time/learner_wait_fraction
-        record policy lag (updates - behaviour version) and data age per unroll
-        algorithm.add_batch(batch); SGD steps while algorithm.next_batch() yields one
-        publish(weights, version = updates)
+        if the algorithm wants data:
+            batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
+            record policy lag (updates - behaviour version) and data age per unroll
+            hand the batch to the algorithm (its env steps now count as consumed)
+        one SGD step on algorithm.next_batch(), if it has one
+        publish(weights, version = updates) when the algorithm says so
         every log interval: one metrics line; every checkpoint interval: a checkpoint
 """
 
@@ -25,7 +27,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from impactrl.algos.base import Algorithm
+from impactrl.algos.base import Algorithm, make_optimizer
 from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import Batch, batch_to
@@ -59,7 +61,7 @@ class Learner:
         self.agent = agent
         self.algorithm = algorithm
         self.device = device
-        self.optimizer = algorithm.make_optimizer()
+        self.optimizer = make_optimizer(config, agent.parameters())
         self.counters = LearnerCounters()
 
     def learning_rate(self) -> float:
@@ -68,25 +70,33 @@ class Learner:
             return c.learning_rate
         return c.learning_rate * max(0.0, 1.0 - self.counters.env_steps / c.total_env_steps)
 
-    def train(self, batch: Batch) -> list[dict[str, float]]:
-        """Hand one fresh batch to the algorithm and take the SGD steps it asks for."""
-        self.algorithm.add_batch(batch_to(batch, self.device))
-        all_stats = []
-        while (train_batch := self.algorithm.next_batch()) is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.learning_rate()
-            loss, stats = self.algorithm.loss(train_batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip)
-            self.optimizer.step()
-            self.counters.updates += 1
-            self.algorithm.after_update(self.counters.updates)
-            stats["optim/grad_norm"] = float(grad_norm)
-            stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-            all_stats.append(stats)
+    def add(self, batch: Batch) -> None:
+        """Hand a fresh batch from the actors to the algorithm; it counts as consumed env steps."""
+        batch = batch_to(batch, self.device)
+        if self.agent.obs_norm is not None:
+            # Statistics move before the batch is trained on; the shift is one batch's worth and,
+            # like any policy lag, is corrected by the importance weights.
+            self.agent.obs_norm.update(batch["obs"][:-1].flatten(0, 1))
+        self.algorithm.add_batch(batch)
         self.counters.env_steps += self.config.steps_per_batch
-        return all_stats
+
+    def update(self) -> dict[str, float] | None:
+        """One SGD step on the algorithm's next batch; None when it needs fresh data first."""
+        train_batch = self.algorithm.next_batch()
+        if train_batch is None:
+            return None
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate()
+        loss, stats = self.algorithm.loss(train_batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip)
+        self.optimizer.step()
+        self.counters.updates += 1
+        stats.update(self.algorithm.after_update(self.counters.updates))
+        stats["optim/grad_norm"] = float(grad_norm)
+        stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        return stats
 
     def state_dict(self) -> dict:
         return {
@@ -146,20 +156,24 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
     try:
         while counters.env_steps < config.total_env_steps:
             check_health()
+            if learner.algorithm.wants_data():
+                began = time.monotonic()
+                item = source.next_batch(timeout_s=1.0)
+                waited += time.monotonic() - began
+                if item is None:
+                    continue
+                batch, meta = item
+                ended = ~torch.isnan(batch["episode_return"])
+                interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
+                interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
+                                     (time.time() - meta["created_at"]).numpy())
+                learner.add(batch)
             began = time.monotonic()
-            item = source.next_batch(timeout_s=1.0)
-            waited += time.monotonic() - began
-            if item is None:
-                continue
-            batch, meta = item
-            ended = ~torch.isnan(batch["episode_return"])
-            interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
-            interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
-                                 (time.time() - meta["created_at"]).numpy())
-            began = time.monotonic()
-            for stats in learner.train(batch):
+            stats = learner.update()
+            if stats is not None:
                 interval.add(stats)
-            weights.publish(learner.agent, counters.updates)
+                if learner.algorithm.publish_now():
+                    weights.publish(learner.agent, counters.updates)
             trained += time.monotonic() - began
             if time.monotonic() - last_log >= config.log_interval_s:
                 log_line()

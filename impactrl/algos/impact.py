@@ -1,0 +1,142 @@
+"""IMPACT (Luo et al. 2020, arXiv 1912.00167; ALGORITHMS.md §c.2–c.4, c.7).
+
+IMPALA plus three changes:
+
+- a target network π_tgt, refreshed every ``target_update_period`` learner updates (hard copy,
+  or Polyak with τ < 1); V-trace runs with log ρ = log π_tgt − log μ, λ inside the trace;
+- the truncated IS ratio r_t(θ) = min(μ/π_tgt, ρ) · π_θ/μ in a clipped surrogate (ε);
+- a circular buffer of N batches, each drawn K times, one SGD step per draw.
+
+Losses are means over the batch (as RLlib and the author's code), unlike IMPALA's sums.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from impactrl.algos.base import Algorithm, to_floats
+from impactrl.algos.impala import agent_outputs, transform_rewards
+from impactrl.config import TrainConfig
+from impactrl.data.circular_buffer import CircularBuffer
+from impactrl.data.rollout import Batch
+from impactrl.models import Agent
+from impactrl.ops.policy_losses import adaptive_kl_coefficient, impact_surrogate, value_loss
+from impactrl.ops.returns import bootstrap_truncations
+from impactrl.ops.vtrace import vtrace_from_importance_weights
+
+
+class Impact(Algorithm):
+    def __init__(self, config: TrainConfig, agent: Agent):
+        super().__init__(config, agent)
+        self.target = copy.deepcopy(agent).requires_grad_(False) if config.use_target_network else None
+        self.buffer = CircularBuffer(config.buffer_batches, config.buffer_uses, seed=config.seed)
+        self.kl_coeff = config.kl_coeff
+        self.last_kl = 0.0
+        self.target_refreshes = 0
+        self.updates_at_refresh = 0
+
+    # --- the buffer ---------------------------------------------------------------------------
+    def wants_data(self) -> bool:
+        # Fetch only while a place is free: no batch is evicted before its K uses, so every
+        # batch gets the K SGD steps the buffer promises; actors wait when the learner is slower.
+        return len(self.buffer) < self.config.buffer_batches
+
+    def add_batch(self, batch: Batch) -> None:
+        if self.target is not None and self.config.target_scoring == "insert":
+            batch = {**batch, "target_policy": self.target_policy(batch)}
+        self.buffer.add(batch, num_steps=self.config.steps_per_batch)
+
+    def next_batch(self) -> Batch | None:
+        return self.buffer.sample()
+
+    # --- the target network -------------------------------------------------------------------
+    @torch.no_grad()
+    def target_policy(self, batch: Batch) -> torch.Tensor:
+        return agent_outputs(self.target, batch).policy[:-1]
+
+    @torch.no_grad()
+    def refresh_target(self) -> None:
+        tau = self.config.target_update_tau
+        if tau >= 1.0:
+            self.target.load_state_dict(self.agent.state_dict())
+        else:
+            for target, online in zip(self.target.parameters(), self.agent.parameters()):
+                target.lerp_(online, tau)
+            for target, online in zip(self.target.buffers(), self.agent.buffers()):
+                target.copy_(online)
+        self.target_refreshes += 1
+
+    def after_update(self, updates: int) -> dict[str, float]:
+        if self.config.use_kl_loss:
+            self.kl_coeff = adaptive_kl_coefficient(self.kl_coeff, self.last_kl, self.config.kl_target)
+        if self.target is not None and updates - self.updates_at_refresh >= self.config.target_update_period:
+            self.refresh_target()
+            self.updates_at_refresh = updates
+        buffer = self.buffer.stats()
+        return {
+            "impact/target_refreshes": self.target_refreshes,
+            "impact/kl_coeff": self.kl_coeff,
+            "buffer/batches_held": buffer["held_batches"],
+            "buffer/uses_left": buffer["uses_left"],
+            "buffer/sgd_steps_per_batch": buffer["total_draws"] / max(buffer["total_added"], 1),
+            "buffer/evicted_unused_uses": buffer["evicted_unused_uses"],
+        }
+
+    # --- the loss -----------------------------------------------------------------------------
+    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        c = self.config
+        head = self.agent.policy_head
+        output = agent_outputs(self.agent, batch)
+        policy, values, bootstrap_value = output.policy[:-1], output.value[:-1], output.value[-1]
+        log_prob = head.log_prob(policy, batch["action"])
+        behaviour_log_prob = batch["behaviour_log_prob"]
+        if self.target is None:
+            target_policy, target_log_prob = None, behaviour_log_prob
+        else:
+            target_policy = batch["target_policy"] if "target_policy" in batch else self.target_policy(batch)
+            target_log_prob = head.log_prob(target_policy, batch["action"])
+
+        rewards, discounts, trace_discounts = bootstrap_truncations(
+            transform_rewards(batch["reward"], c.reward_clip), batch["terminated"], batch["truncated"],
+            batch["truncation_value"], c.discount)
+        vtrace = vtrace_from_importance_weights(
+            target_log_prob - behaviour_log_prob, discounts, rewards, values.detach(), bootstrap_value.detach(),
+            clip_rho_threshold=c.clip_rho_threshold, clip_pg_rho_threshold=c.clip_pg_rho_threshold,
+            clip_c_threshold=c.clip_c_threshold, lambda_=c.vtrace_lambda, trace_discounts=trace_discounts)
+        surrogate, surrogate_stats = impact_surrogate(
+            log_prob, target_log_prob, behaviour_log_prob, vtrace.pg_advantages, c.clip_param, c.target_worker_clip)
+        baseline_loss = value_loss(values, vtrace.vs)
+        entropy = head.entropy(policy).mean()
+        loss = surrogate + c.baseline_cost * baseline_loss - c.entropy_cost * entropy
+        stats: dict = {f"impact/{key}": value for key, value in surrogate_stats.items()}
+        if target_policy is not None:
+            kl = head.kl(target_policy, policy).mean()
+            if c.use_kl_loss:
+                loss = loss + self.kl_coeff * kl
+            self.last_kl = kl.item()
+            stats["impact/kl_target_online"] = self.last_kl
+        stats.update({
+            "loss/policy": surrogate,
+            "loss/baseline": baseline_loss,
+            "loss/entropy": entropy,
+            "value/mean": values.mean(),
+            "value/target_mean": vtrace.vs.mean(),
+        })
+        return loss, to_floats(stats)
+
+    def state_dict(self) -> dict:
+        return {
+            "target": self.target.state_dict() if self.target is not None else None,
+            "kl_coeff": self.kl_coeff,
+            "target_refreshes": self.target_refreshes,
+            "updates_at_refresh": self.updates_at_refresh,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.target is not None and state.get("target") is not None:
+            self.target.load_state_dict(state["target"])
+        self.kl_coeff = state.get("kl_coeff", self.kl_coeff)
+        self.target_refreshes = state.get("target_refreshes", 0)
+        self.updates_at_refresh = state.get("updates_at_refresh", 0)

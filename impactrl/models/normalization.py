@@ -1,0 +1,81 @@
+"""Running observation normalisation that travels with the weights.
+
+``RunningNorm`` keeps ``mean``, ``var`` and ``count`` as buffers, so they are part of
+``state_dict()`` and reach the actors with every weight publication. Only the learner changes
+them, by calling ``update`` explicitly on the observations of a batch; ``forward`` never
+updates, so actors and learner normalise identically with the weights they hold.
+
+The statistics follow gymnasium's ``RunningMeanStd`` (Chan et al. parallel merge, ``count``
+starting at ``epsilon``, ``var`` at 1, ``mean`` at 0) and are kept in float64 whatever dtype the
+module is cast to; ``forward`` computes ``clip((x − mean) / sqrt(var + eps), ±clip)`` in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RunningNorm"]
+
+_STATS = ("mean", "var", "count")
+
+
+class RunningNorm(nn.Module):
+    """Normalise ``[..., *shape]`` inputs by running statistics; ``update`` merges a batch in.
+
+    Args:
+        shape: shape of one observation (the trailing dims of the inputs).
+        clip: the normalised output is clipped to ``[-clip, clip]``.
+        epsilon: initial ``count`` and the variance offset under the square root.
+    """
+
+    def __init__(self, shape: int | Sequence[int], clip: float = 10.0, epsilon: float = 1e-8) -> None:
+        super().__init__()
+        self.shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        self.clip = float(clip)
+        self.epsilon = float(epsilon)
+        self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(self.epsilon, dtype=torch.float64))
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # Keep the statistics in float64 through .float() / .half() / .to(dtype): a float32
+        # count stops growing exactly past 2**24 observations. Device moves still apply.
+        super()._apply(fn, recurse)
+        for name in _STATS:
+            buf = self._buffers[name]
+            if buf is not None and buf.dtype != torch.float64:
+                self._buffers[name] = buf.to(torch.float64)
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(torch.float32)
+        mean = self.mean.to(torch.float32)
+        std = torch.sqrt(self.var + self.epsilon).to(torch.float32)
+        return ((x - mean) / std).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, batch: Tensor | np.ndarray) -> None:
+        """Merge the observations ``batch`` (``[..., *shape]``, any leading dims) into the stats."""
+        x = torch.as_tensor(batch).to(device=self.mean.device, dtype=torch.float64)
+        if x.dim() < len(self.shape) or tuple(x.shape[x.dim() - len(self.shape):]) != self.shape:
+            raise ValueError(f"RunningNorm of shape {self.shape} got a batch of shape {tuple(x.shape)}")
+        x = x.reshape((-1,) + self.shape)
+        batch_count = x.shape[0]
+        if batch_count == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        new_mean = self.mean + delta * (batch_count / total)
+        m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
+        self.mean.copy_(new_mean)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}, clip={self.clip}, epsilon={self.epsilon}"

@@ -1,0 +1,191 @@
+r"""Generalized advantage estimation (GAE).
+
+Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+Estimation", arXiv 1506.02438, eq. (16) (the GAE(γ, λ) estimator), as used by PPO
+(ALGORITHMS.md §d).
+
+Shapes (time-major)
+-------------------
+=====================  ==========  ==========================================================
+name                   shape       meaning
+=====================  ==========  ==========================================================
+``rewards``            [T, B]      r_t, the reward that followed a_t
+``values``             [T, B]      V(x_t)
+``bootstrap_value``    [B]         V(x_T), the value of the observation after the unroll
+``discounts``          [T, B]      γ_t; multiplies the bootstrap V(x_{t+1}) (0 on termination)
+``trace_discounts``    [T, B]      η_t; multiplies the recursion; defaults to ``discounts``
+=====================  ==========  ==========================================================
+
+Same time-index convention as :mod:`impactrl.ops.vtrace`: index ``t`` refers to the transition
+``(x_t, a_t, r_t, γ_t, x_{t+1})`` and ``bootstrap_value`` plays the role of ``values[T]``.
+Extra trailing dims are allowed (``[T, B, ...]``): ``rewards`` has exactly the shape of
+``values``, ``bootstrap_value`` that of ``values[0]``, and ``discounts``/``trace_discounts`` the
+rank of ``values`` with each dim equal or 1.
+
+Maths
+-----
+    δ_t = r_t + γ_t · V(x_{t+1}) − V(x_t),          V(x_T) := bootstrap_value,
+    Â_T = 0,
+    Â_t = δ_t + η_t · λ · Â_{t+1}                  for t = T−1, …, 0,
+    R_t = Â_t + V(x_t)                             (the value targets, "returns").
+
+With η = γ this is eq. (16), Â_t = Σ_l (γλ)^l δ_{t+l}, cut where η = 0. λ = 1 gives the
+discounted return minus the value, λ = 0 the one-step TD error δ_t.
+
+Episode ends: as in V-trace, ``discounts`` zeroes the bootstrap (pass γ·(1 − terminated)) and
+``trace_discounts`` cuts the recursion (pass γ·(1 − (terminated | truncated))); see
+:func:`impactrl.ops.returns.bootstrap_truncations` for folding V(x_final) of a truncated episode
+into the reward.
+
+Gradients
+---------
+``advantages`` and ``returns`` are targets: computed under :func:`torch.no_grad` from detached
+inputs, without gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["GAEReturns", "generalized_advantage_estimation"]
+
+
+class GAEReturns(NamedTuple):
+    """Outputs of :func:`generalized_advantage_estimation`, ``[T, B, ...]``, gradient-free."""
+
+    advantages: Tensor
+    """GAE(γ, λ) advantages Â_t."""
+    returns: Tensor
+    """Value targets R_t = Â_t + V(x_t)."""
+
+
+def _shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _validate_gae_inputs(
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    discounts: Tensor,
+    lambda_: float,
+    trace_discounts: Optional[Tensor],
+) -> None:
+    named = [
+        ("rewards", rewards),
+        ("values", values),
+        ("bootstrap_value", bootstrap_value),
+        ("discounts", discounts),
+    ]
+    if trace_discounts is not None:
+        named.append(("trace_discounts", trace_discounts))
+    for name, x in named:
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+    rank = values.dim()
+    if rank < 2:
+        raise ValueError(
+            f"values must be time-major [T, B, ...] with rank >= 2, got shape {_shape(values)}"
+        )
+    T = values.shape[0]
+    if T < 1:
+        raise ValueError(f"values must have at least one time step, got shape {_shape(values)}")
+    if _shape(rewards) != _shape(values):
+        raise ValueError(
+            f"rewards and values must have the same shape, got rewards shape {_shape(rewards)} "
+            f"and values shape {_shape(values)}"
+        )
+    if bootstrap_value.dim() != rank - 1 or _shape(bootstrap_value) != _shape(values)[1:]:
+        raise ValueError(
+            f"bootstrap_value must have the shape of values[0] = {_shape(values)[1:]}, got "
+            f"{_shape(bootstrap_value)}"
+        )
+    per_step = [("discounts", discounts)]
+    if trace_discounts is not None:
+        per_step.append(("trace_discounts", trace_discounts))
+    for name, x in per_step:
+        if x.dim() != rank:
+            raise ValueError(
+                f"{name} rank must equal values rank {rank}, got {name} shape {_shape(x)} and "
+                f"values shape {_shape(values)}"
+            )
+        if x.shape[0] != T:
+            raise ValueError(
+                f"{name} must have T = {T} time steps like values, got {name} shape "
+                f"{_shape(x)} and values shape {_shape(values)}"
+            )
+        for d in range(1, rank):
+            if x.shape[d] not in (1, values.shape[d]):
+                raise ValueError(
+                    f"{name} shape {_shape(x)} does not broadcast to values shape "
+                    f"{_shape(values)} (dim {d} must be 1 or {values.shape[d]})"
+                )
+    for name, x in named:
+        if x.dtype != values.dtype:
+            raise ValueError(
+                f"{name} must have the dtype of values ({values.dtype}), got {x.dtype}"
+            )
+        if x.device != values.device:
+            raise ValueError(
+                f"{name} must be on the device of values ({values.device}), got {x.device}"
+            )
+    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)):
+        raise ValueError(f"lambda_ must be a Python float, got {type(lambda_).__name__}")
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+
+
+def generalized_advantage_estimation(
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_value: Tensor,
+    discounts: Tensor,
+    lambda_: float,
+    trace_discounts: Optional[Tensor] = None,
+) -> GAEReturns:
+    r"""GAE(γ, λ) advantages and value targets (Schulman et al. 2016, eq. (16)).
+
+    Args:
+        rewards: ``[T, B, ...]`` r_t.
+        values: ``[T, B, ...]`` V(x_t).
+        bootstrap_value: ``[B, ...]`` V(x_T), the shape of ``values[0]``.
+        discounts: ``[T, B, ...]`` γ_t, multiplies V(x_{t+1}) in δ_t (0 where the episode
+            terminated at step t).
+        lambda_: λ in [0, 1].
+        trace_discounts: ``[T, B, ...]`` η_t, multiplies λ·Â_{t+1} in the recursion; ``None``
+            (default) means ``discounts``. Use it to cut the recursion on any episode end while
+            zeroing the bootstrap only on termination.
+
+    Returns:
+        :class:`GAEReturns` ``(advantages, returns)``, both of the shape, dtype and device of
+        ``values``, without gradient.
+
+    Raises:
+        ValueError: if ranks, shapes, dtypes, devices or ``lambda_`` are inconsistent.
+    """
+    _validate_gae_inputs(rewards, values, bootstrap_value, discounts, lambda_, trace_discounts)
+    with torch.no_grad():
+        rewards = rewards.detach()
+        values = values.detach()
+        bootstrap_value = bootstrap_value.detach()
+        discounts = discounts.detach()
+        eta = discounts if trace_discounts is None else trace_discounts.detach()
+
+        values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        deltas = rewards + discounts * values_tp1 - values  # [T, B, ...]
+        trace_coeffs = eta * lambda_
+
+        T = values.shape[0]
+        advantages = torch.empty(deltas.shape, dtype=deltas.dtype, device=deltas.device)
+        advantages[T - 1] = deltas[T - 1]
+        for t in range(T - 2, -1, -1):
+            torch.addcmul(deltas[t], trace_coeffs[t], advantages[t + 1], out=advantages[t])
+        returns = advantages + values
+
+    return GAEReturns(advantages=advantages.detach(), returns=returns.detach())

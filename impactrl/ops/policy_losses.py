@@ -1,0 +1,338 @@
+r"""Clipped-surrogate policy losses (PPO, IMPACT), value loss and the adaptive KL coefficient.
+
+- :func:`ppo_clipped_surrogate`: Schulman et al. 2017, "Proximal Policy Optimization
+  Algorithms", arXiv 1707.06347, eq. (7) (L^CLIP).
+- :func:`impact_surrogate`: Luo et al. 2020, "IMPACT: Importance Weighted Asynchronous
+  Architectures with Clipped Target Networks", arXiv 1912.00167, §3.1 (the clipped-target
+  surrogate with maximal target-worker clipping), as implemented by the author and RLlib APPO
+  (ALGORITHMS.md §c.2 items 2–3).
+- :func:`value_loss`: 0.5·mean squared error, optionally with CleanRL's value clipping
+  (ALGORITHMS.md §c.2 item 4 and §d).
+- :func:`adaptive_kl_coefficient`: the adaptive KL-penalty coefficient of Schulman et al. 2017,
+  §4 (ALGORITHMS.md §c.2 item 6).
+
+Shapes: every per-step tensor of one call has the same shape (typically time-major ``[T, B]``,
+but any shape works, the functions are elementwise then reduce). ``mask`` is an optional bool
+tensor of that shape; with it every mean is over the ``True`` steps only (a mask with no
+``True`` gives a loss of 0). Losses are *minimised*: they are the negated objectives.
+
+Gradients: losses are differentiable with respect to ``log_prob`` (and ``values``) only;
+``old_log_prob``, ``target_log_prob``, ``behaviour_log_prob``, ``advantages``, ``targets``,
+``old_values`` are treated as constants (detached). Statistics are detached 0-d tensors (call
+``.item()`` when logging; they are not synchronised here to avoid a device sync).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ppo_clipped_surrogate",
+    "impact_surrogate",
+    "value_loss",
+    "adaptive_kl_coefficient",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Validation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _shape(x: Tensor) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _check_same_float(reference_name: str, reference: Tensor, *named: tuple[str, object]) -> None:
+    for name, x in ((reference_name, reference), *named):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    for name, x in named:
+        assert isinstance(x, Tensor)
+        if _shape(x) != _shape(reference):
+            raise ValueError(
+                f"{name} must have the shape of {reference_name} {_shape(reference)}, got "
+                f"{_shape(x)}"
+            )
+        if x.dtype != reference.dtype:
+            raise ValueError(
+                f"{name} must have the dtype of {reference_name} ({reference.dtype}), got "
+                f"{x.dtype}"
+            )
+        if x.device != reference.device:
+            raise ValueError(
+                f"{name} must be on the device of {reference_name} ({reference.device}), got "
+                f"{x.device}"
+            )
+
+
+def _check_mask(mask: Optional[Tensor], reference_name: str, reference: Tensor) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a bool torch.Tensor or None, got "
+            f"{getattr(mask, 'dtype', type(mask).__name__)}"
+        )
+    if _shape(mask) != _shape(reference):
+        raise ValueError(
+            f"mask must have the shape of {reference_name} {_shape(reference)}, got "
+            f"{_shape(mask)}"
+        )
+    if mask.device != reference.device:
+        raise ValueError(
+            f"mask must be on the device of {reference_name} ({reference.device}), got "
+            f"{mask.device}"
+        )
+
+
+def _check_positive_float(name: str, value: object, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a Python float, got {type(value).__name__}")
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or not math.isfinite(value):
+        raise ValueError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0, got {value}")
+    return float(value)
+
+
+def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    if mask is None:
+        return x.mean()
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_param: float, mask: Optional[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """−mean(min(r·Â, clip(r, 1−ε, 1+ε)·Â)) and the fraction of steps with |r − 1| > ε."""
+    surrogate = torch.min(
+        ratio * advantages, ratio.clamp(1.0 - clip_param, 1.0 + clip_param) * advantages
+    )
+    loss = -_masked_mean(surrogate, mask)
+    with torch.no_grad():
+        clipped = ((ratio.detach() - 1.0).abs() > clip_param).to(ratio.dtype)
+        clip_fraction = _masked_mean(clipped, mask)
+    return loss, clip_fraction
+
+
+# --------------------------------------------------------------------------------------------
+# PPO
+# --------------------------------------------------------------------------------------------
+
+
+def ppo_clipped_surrogate(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    clip_param: float,
+    mask: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    r"""PPO's clipped surrogate loss (Schulman et al. 2017, eq. (7)).
+
+        r_t  = exp(log π_θ(a_t|x_t) − log π_old(a_t|x_t)),
+        loss = −mean_t min( r_t · Â_t, clip(r_t, 1 − ε, 1 + ε) · Â_t ).
+
+    Advantage normalisation, if wanted, is the caller's job (it is not part of eq. (7)).
+
+    Args:
+        log_prob: log π_θ(a_t|x_t), differentiable.
+        old_log_prob: log π_old(a_t|x_t), same shape; treated as a constant.
+        advantages: Â_t, same shape; treated as a constant.
+        clip_param: ε > 0.
+        mask: optional bool tensor of the same shape; means are over ``True`` steps only.
+
+    Returns:
+        ``(loss, clip_fraction)``: the scalar loss (to minimise) and the detached fraction of
+        (valid) steps with |r_t − 1| > ε.
+    """
+    _check_same_float(
+        "log_prob", log_prob, ("old_log_prob", old_log_prob), ("advantages", advantages)
+    )
+    _check_mask(mask, "log_prob", log_prob)
+    clip_param = _check_positive_float("clip_param", clip_param)
+    ratio = torch.exp(log_prob - old_log_prob.detach())
+    return _clipped_surrogate(ratio, advantages.detach(), clip_param, mask)
+
+
+# --------------------------------------------------------------------------------------------
+# IMPACT
+# --------------------------------------------------------------------------------------------
+
+
+def impact_surrogate(
+    log_prob: Tensor,
+    target_log_prob: Tensor,
+    behaviour_log_prob: Tensor,
+    advantages: Tensor,
+    clip_param: float,
+    target_worker_clip: Optional[float],
+    mask: Optional[Tensor] = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r"""IMPACT's clipped-target surrogate (Luo et al. 2020, §3.1; ALGORITHMS.md §c.2 items 2–3).
+
+    With μ the worker's behaviour policy, π_tgt the target network and ρ = ``target_worker_clip``:
+
+        w_t    = min( μ(a_t|x_t) / π_tgt(a_t|x_t), ρ )              (a constant),
+        r_t(θ) = w_t · π_θ(a_t|x_t) / μ(a_t|x_t),
+        loss   = −mean_t min( r_t · Â_t, clip(r_t, 1 − ε, 1 + ε) · Â_t ).
+
+    Where μ/π_tgt ≤ ρ this is r_t = π_θ/π_tgt, a PPO ratio against the stable target network;
+    otherwise r_t = ρ · π_θ/μ. Computed in log space:
+    ``r = exp(log_prob − behaviour_log_prob + min(behaviour_log_prob − target_log_prob, log ρ))``.
+    With ``target_worker_clip=None`` the weight is the unclipped μ/π_tgt, i.e. r = π_θ/π_tgt.
+    No gradient flows through ``target_log_prob`` or ``behaviour_log_prob`` (or ``advantages``).
+    RLlib clips the weight to [0, ρ]; the lower bound is inactive since w > 0.
+
+    Args:
+        log_prob: log π_θ(a_t|x_t), differentiable.
+        target_log_prob: log π_tgt(a_t|x_t), same shape; constant.
+        behaviour_log_prob: log μ(a_t|x_t), same shape; constant.
+        advantages: Â_t (IMPACT: from V-trace with log π_tgt − log μ), same shape; constant.
+        clip_param: ε > 0 (RLlib default 0.4).
+        target_worker_clip: ρ > 0 (the paper's value is 2.0), or ``None`` for no clipping.
+        mask: optional bool tensor of the same shape; means are over ``True`` steps only.
+
+    Returns:
+        ``(loss, stats)``; ``stats`` holds detached 0-d tensors over the (valid) steps:
+        ``"is_weight_mean"`` and ``"is_weight_var"`` (population variance) of w_t,
+        ``"is_weight_clipped_fraction"`` (fraction with μ/π_tgt > ρ; 0 when ρ is ``None``) and
+        ``"clip_fraction"`` (fraction with |r_t − 1| > ε).
+    """
+    _check_same_float(
+        "log_prob",
+        log_prob,
+        ("target_log_prob", target_log_prob),
+        ("behaviour_log_prob", behaviour_log_prob),
+        ("advantages", advantages),
+    )
+    _check_mask(mask, "log_prob", log_prob)
+    clip_param = _check_positive_float("clip_param", clip_param)
+    if target_worker_clip is not None:
+        target_worker_clip = _check_positive_float("target_worker_clip", target_worker_clip)
+
+    with torch.no_grad():
+        behaviour = behaviour_log_prob.detach()
+        log_weight_unclipped = behaviour - target_log_prob.detach()  # log μ/π_tgt
+        if target_worker_clip is None:
+            log_weight = log_weight_unclipped
+            weight_clipped = torch.zeros_like(log_weight)
+        else:
+            log_rho = math.log(target_worker_clip)
+            log_weight = log_weight_unclipped.clamp(max=log_rho)
+            weight_clipped = (log_weight_unclipped > log_rho).to(log_weight.dtype)
+        weight = torch.exp(log_weight)
+
+    ratio = torch.exp(log_prob - behaviour + log_weight)
+    loss, clip_fraction = _clipped_surrogate(ratio, advantages.detach(), clip_param, mask)
+
+    with torch.no_grad():
+        weight_mean = _masked_mean(weight, mask)
+        weight_var = _masked_mean((weight - weight_mean) ** 2, mask)
+        stats = {
+            "is_weight_mean": weight_mean,
+            "is_weight_var": weight_var,
+            "is_weight_clipped_fraction": _masked_mean(weight_clipped, mask),
+            "clip_fraction": clip_fraction,
+        }
+    return loss, stats
+
+
+# --------------------------------------------------------------------------------------------
+# Value loss
+# --------------------------------------------------------------------------------------------
+
+
+def value_loss(
+    values: Tensor,
+    targets: Tensor,
+    old_values: Optional[Tensor] = None,
+    clip_param: Optional[float] = None,
+    mask: Optional[Tensor] = None,
+) -> Tensor:
+    r"""0.5 · mean squared error of the value head, optionally clipped (CleanRL's PPO).
+
+    Without clipping (``clip_param=None``; IMPACT/APPO, ALGORITHMS.md §c.2 item 4):
+
+        L_V = 0.5 · mean_t (V_θ(x_t) − R_t)².
+
+    With clipping (PPO as in CleanRL, ALGORITHMS.md §d):
+
+        V_clip = V_old + clamp(V_θ − V_old, −ε, ε),
+        L_V    = 0.5 · mean_t max( (V_θ − R_t)², (V_clip − R_t)² ).
+
+    Args:
+        values: V_θ(x_t), differentiable.
+        targets: R_t, same shape; constant.
+        old_values: V_old(x_t) from the rollout, same shape; constant. Required when
+            ``clip_param`` is given, ignored (may be passed) when it is ``None``.
+        clip_param: ε > 0 for value clipping, or ``None`` for the plain squared error.
+        mask: optional bool tensor of the same shape; the mean is over ``True`` steps only.
+
+    Returns:
+        The scalar loss.
+    """
+    _check_same_float("values", values, ("targets", targets))
+    _check_mask(mask, "values", values)
+    targets = targets.detach()
+    unclipped = (values - targets) ** 2
+    if clip_param is None:
+        return 0.5 * _masked_mean(unclipped, mask)
+    clip_param = _check_positive_float("clip_param", clip_param)
+    if old_values is None:
+        raise ValueError("old_values must be given when clip_param is not None (value clipping)")
+    _check_same_float("values", values, ("old_values", old_values))
+    old_values = old_values.detach()
+    clipped_values = old_values + (values - old_values).clamp(-clip_param, clip_param)
+    clipped = (clipped_values - targets) ** 2
+    return 0.5 * _masked_mean(torch.max(unclipped, clipped), mask)
+
+
+# --------------------------------------------------------------------------------------------
+# Adaptive KL coefficient
+# --------------------------------------------------------------------------------------------
+
+
+def adaptive_kl_coefficient(
+    coefficient: float, kl: Union[float, Tensor], kl_target: float
+) -> float:
+    r"""One update of the adaptive KL-penalty coefficient β (Schulman et al. 2017, §4).
+
+    As in RLlib (ALGORITHMS.md §c.2 item 6):
+
+        β ← 1.5 β   if KL > 2 · kl_target,
+        β ← 0.5 β   if KL < 0.5 · kl_target,
+        β ← β       otherwise.
+
+    Args:
+        coefficient: current β >= 0.
+        kl: measured mean KL(π_tgt || π_θ), a Python float or a one-element tensor. A NaN KL
+            leaves β unchanged.
+        kl_target: target KL > 0.
+
+    Returns:
+        The new β as a Python float.
+    """
+    coefficient = _check_positive_float("coefficient", coefficient, allow_zero=True)
+    kl_target = _check_positive_float("kl_target", kl_target)
+    if isinstance(kl, Tensor):
+        if kl.numel() != 1:
+            raise ValueError(f"kl must be a scalar, got a tensor of shape {_shape(kl)}")
+        kl_value = float(kl.detach().item())
+    elif isinstance(kl, bool) or not isinstance(kl, (int, float)):
+        raise ValueError(
+            f"kl must be a Python float or a one-element tensor, got {type(kl).__name__}"
+        )
+    else:
+        kl_value = float(kl)
+    if kl_value > 2.0 * kl_target:
+        return coefficient * 1.5
+    if kl_value < 0.5 * kl_target:
+        return coefficient * 0.5
+    return coefficient

@@ -1,0 +1,148 @@
+"""Algorithms on real batches from a real actor: IMPACT's target cadence, buffer use, gradients."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from impactrl.algos import make_algorithm
+from impactrl.config import TrainConfig
+from impactrl.data.rollout import SlotStore
+from impactrl.runtime.actor import Actor
+from impactrl.training import build_learner
+
+
+def collect(config: TrainConfig, slots: int):
+    """Batches written by a real Actor stepping real envs with the learner's initial weights."""
+    learner, store = build_learner(config, None)
+    actor = Actor(config, actor_id=0)
+    actor.agent.load_state_dict(learner.agent.state_dict())
+    local_store = SlotStore(store.spec, num_slots=slots, shared=False)
+    for slot in range(slots):
+        actor.unroll(local_store.slot_arrays(slot))
+        local_store.policy_version[slot] = 0
+    actor.close()
+    batches = [local_store.gather([slot])[0] for slot in range(slots)]
+    return learner, batches
+
+
+IMPACT = TrainConfig(algo="impact", env="CartPole-v1", envs_per_actor=4, batch_size=4, unroll_length=10,
+                     optimizer="adam", learning_rate=1e-3, buffer_batches=2, buffer_uses=3)
+
+
+def test_impact_takes_k_steps_per_batch_and_refreshes_target_on_cadence():
+    learner, batches = collect(IMPACT, slots=6)
+    algorithm = learner.algorithm
+    assert IMPACT.target_update_period == 2 * 2 * 3
+    updates = 0
+    refreshes_seen = []
+    for batch in batches:
+        while not algorithm.wants_data():
+            stats = learner.update()
+            assert stats is not None
+            updates += 1
+            refreshes_seen.append(stats["impact/target_refreshes"])
+        learner.add(batch)
+    while (stats := learner.update()) is not None:
+        updates += 1
+        refreshes_seen.append(stats["impact/target_refreshes"])
+    assert updates == 6 * 3  # every batch drawn exactly K times
+    assert algorithm.buffer.evicted_unused_uses == 0
+    assert refreshes_seen[11] == 1 and refreshes_seen[10] == 0  # after update 12 = 2·N·K
+    assert refreshes_seen[-1] == 1  # 18 updates: the next refresh is due at 24
+
+
+def test_hard_refresh_copies_weights_exactly_and_polyak_moves_by_tau():
+    learner, batches = collect(IMPACT, slots=1)
+    algorithm = learner.algorithm
+    learner.add(batches[0])
+    learner.update()
+    assert any(not torch.equal(t, o) for t, o in zip(algorithm.target.parameters(), learner.agent.parameters()))
+    algorithm.refresh_target()
+    assert all(torch.equal(t, o) for t, o in zip(algorithm.target.parameters(), learner.agent.parameters()))
+    polyak_learner, _ = collect(dataclasses.replace(IMPACT, target_update_tau=0.25), slots=1)
+    polyak = polyak_learner.algorithm
+    before = [p.clone() for p in polyak.target.parameters()]
+    with torch.no_grad():
+        for p in polyak_learner.agent.parameters():
+            p.add_(1.0)
+    polyak.refresh_target()
+    for old, new, online in zip(before, polyak.target.parameters(), polyak_learner.agent.parameters()):
+        torch.testing.assert_close(new, 0.75 * old + 0.25 * online)
+
+
+@pytest.mark.parametrize("scoring", ["use", "insert"])
+def test_impact_gradients_reach_only_the_online_network(scoring):
+    config = dataclasses.replace(IMPACT, target_scoring=scoring, use_kl_loss=True)
+    learner, batches = collect(config, slots=1)
+    algorithm = learner.algorithm
+    algorithm.add_batch(batches[0])
+    loss, _ = algorithm.loss(algorithm.next_batch())
+    loss.backward()
+    assert all(p.grad is None for p in algorithm.target.parameters())
+    assert all(p.grad is not None for p in learner.agent.parameters())
+
+
+def test_impact_loss_matches_a_hand_composition():
+    """The loss is exactly the ops composed as ALGORITHMS.md §c.2 writes them."""
+    from impactrl.algos.impala import agent_outputs
+    from impactrl.ops.policy_losses import impact_surrogate, value_loss
+    from impactrl.ops.returns import bootstrap_truncations
+    from impactrl.ops.vtrace import vtrace_from_importance_weights
+
+    config = dataclasses.replace(IMPACT, entropy_cost=0.01, baseline_cost=0.5)
+    learner, batches = collect(config, slots=1)
+    algorithm, batch, head = learner.algorithm, batches[0], learner.agent.policy_head
+    with torch.no_grad():
+        for p in learner.agent.parameters():  # make online and target differ
+            p.add_(0.05 * torch.randn_like(p))
+        loss, _ = algorithm.loss(batch)
+        out = agent_outputs(learner.agent, batch)
+        tgt = agent_outputs(algorithm.target, batch)
+        logp = head.log_prob(out.policy[:-1], batch["action"])
+        tlogp = head.log_prob(tgt.policy[:-1], batch["action"])
+        mu = batch["behaviour_log_prob"]
+        r, d, td = bootstrap_truncations(batch["reward"], batch["terminated"], batch["truncated"],
+                                         batch["truncation_value"], config.discount)
+        vt = vtrace_from_importance_weights(tlogp - mu, d, r, out.value[:-1], out.value[-1], trace_discounts=td)
+        ratio = torch.exp(logp - mu) * torch.clamp(torch.exp(mu - tlogp), max=2.0)
+        surrogate = -torch.min(ratio * vt.pg_advantages, ratio.clamp(0.6, 1.4) * vt.pg_advantages).mean()
+        expected = (surrogate + 0.5 * 0.5 * (vt.vs - out.value[:-1]).pow(2).mean()
+                    - 0.01 * head.entropy(out.policy[:-1]).mean())
+    torch.testing.assert_close(loss, expected)
+    reference_surrogate, _ = impact_surrogate(logp, tlogp, mu, vt.pg_advantages, 0.4, 2.0)
+    torch.testing.assert_close(reference_surrogate, surrogate)
+    torch.testing.assert_close(value_loss(out.value[:-1], vt.vs), 0.5 * (vt.vs - out.value[:-1]).pow(2).mean())
+
+
+def test_impact_with_lstm_and_episode_ends_trains_with_k_above_one():
+    """RLlib issue #8616: recurrent APPO with several SGD passes crashed on episode ends."""
+    config = dataclasses.replace(IMPACT, env="impactrl/CartPoleNoVelocity-v1", use_lstm=True, lstm_size=16,
+                                 unroll_length=40, buffer_batches=2, buffer_uses=4)
+    learner, batches = collect(config, slots=3)
+    assert any(batch["first"][1:].any() for batch in batches), "want an episode start inside an unroll"
+    for batch in batches:
+        learner.add(batch)
+        while learner.update() is not None:
+            pass
+    assert learner.counters.updates == 3 * 4
+
+
+def test_ppo_minibatches_cover_the_batch_each_epoch_and_publish_at_the_end():
+    config = TrainConfig(algo="ppo", env="CartPole-v1", num_actors=1, envs_per_actor=4, batch_size=4,
+                         unroll_length=16, update_epochs=3, num_minibatches=4, optimizer="adam")
+    learner, batches = collect(config, slots=1)
+    algorithm = learner.algorithm
+    learner.add(batches[0])
+    published = []
+    while (stats := learner.update()) is not None:
+        published.append(algorithm.publish_now())
+    assert len(published) == 3 * 4 and published[-1] and not any(published[:-1])
+    assert algorithm.wants_data()
+
+
+def test_make_algorithm_knows_every_algo():
+    for algo in ("impala", "impact", "ppo"):
+        learner, _ = collect(TrainConfig(algo=algo, env="CartPole-v1", num_actors=1, envs_per_actor=2,
+                                         batch_size=2, unroll_length=4, num_minibatches=2), slots=0)
+        assert type(make_algorithm(learner.config, learner.agent)).__name__.lower() == algo
