@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -118,10 +119,17 @@ def train(argv: Sequence[str]) -> int:
 
     from impactrl.training import train_local
 
+    # A scheduler's SIGTERM stops the run like Ctrl-C: checkpoint first, then exit. (Background
+    # jobs of a non-interactive shell ignore SIGINT, so SIGTERM is how such runs are stopped.)
+    signal.signal(signal.SIGTERM, interrupt)
     counters = train_local(config, run_dir, checkpoint)
     print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
           f"{counters.wall_time_s:.1f}s; run in {run_dir}")
     return 0
+
+
+def interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def evaluate(argv: Sequence[str]) -> int:

@@ -90,7 +90,7 @@ class Learner:
         loss, stats = self.algorithm.loss(train_batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)
         self.optimizer.step()
         self.counters.updates += 1
         stats.update(self.algorithm.after_update(self.counters.updates))
