@@ -146,3 +146,19 @@ def test_make_algorithm_knows_every_algo():
         learner, _ = collect(TrainConfig(algo=algo, env="CartPole-v1", num_actors=1, envs_per_actor=2,
                                          batch_size=2, unroll_length=4, num_minibatches=2), slots=0)
         assert type(make_algorithm(learner.config, learner.agent)).__name__.lower() == algo
+
+
+def test_observation_statistics_move_after_the_batch_is_used_and_ppo_starts_at_ratio_one():
+    config = TrainConfig(algo="ppo", env="Pendulum-v1", num_actors=1, envs_per_actor=2, batch_size=2,
+                         unroll_length=32, update_epochs=2, num_minibatches=2, optimizer="adam",
+                         normalize_observations=True, separate_value_network=True)
+    learner, batches = collect(config, slots=1)
+    norm = learner.agent.obs_norm
+    learner.add(batches[0])
+    count_before = norm.count.clone()
+    stats = learner.update()
+    assert stats["ppo/approx_kl"] == 0.0 and stats["ppo/clip_fraction"] == 0.0  # same weights, same statistics
+    assert torch.equal(norm.count, count_before)
+    while learner.update() is not None:
+        pass
+    assert norm.count.item() == pytest.approx(count_before.item() + 2 * 32)

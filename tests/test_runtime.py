@@ -104,20 +104,39 @@ def test_train_writes_contract_outputs(run_dir: Path):
     assert evaluation["episodes"] == 3 and {"return_mean", "return_std"} <= set(evaluation)
 
 
-def test_resume_continues_version_and_env_steps(run_dir: Path):
-    run_cli("train", "--total-env-steps", "3200", "--out", str(run_dir), *FAST, check=True)
+def start_training(run_dir: Path, *args: str) -> subprocess.Popen:
+    """A run with a budget it will not reach, started once its first metrics line is written."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "100000000", "--out", str(run_dir),
+         *FAST, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2:
+            return process
+        time.sleep(0.5)
+    process.kill()
+    raise AssertionError(f"training did not start: {process.communicate()[1][-2000:]}")
+
+
+def test_stopped_run_resumes_with_its_version_and_env_steps(run_dir: Path):
+    process = start_training(run_dir)
+    process.send_signal(signal.SIGTERM)  # what a scheduler sends; Ctrl-C takes the same path
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
     before = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
-    assert before["env_steps"] >= 3200 and before["updates"] > 0
-    run_cli("train", "--resume", str(run_dir), "--total-env-steps", "6400", check=True)
+    assert before["env_steps"] > 0 and before["updates"] > 0
+    target = before["env_steps"] + 3200
+    run_cli("train", "--resume", str(run_dir), "--total-env-steps", str(target), check=True)
     after = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
-    assert after["env_steps"] >= 6400
-    assert after["updates"] == before["updates"] + (after["env_steps"] - before["env_steps"]) // 160
-    records = read_metrics(run_dir)
-    resumed = [r for r in records if r["env_steps"] > before["env_steps"]]
+    assert after["env_steps"] >= target
+    steps_per_update = 8 * 20  # FAST: batch of 8 unrolls of 20 steps, one update each
+    assert after["updates"] == before["updates"] + (after["env_steps"] - before["env_steps"]) // steps_per_update
+    resumed = [r for r in read_metrics(run_dir) if r["env_steps"] > before["env_steps"]]
     assert resumed and resumed[0]["learner_updates"] > before["updates"]
     assert resumed[0]["wall_time_s"] >= before["wall_time_s"]
-    # Unrolls trained after the resume were produced by weights published after it.
-    assert all(r["policy_lag_mean"] is None or r["policy_lag_mean"] < 10 for r in resumed)
+    # Actors got the resumed version number: had it restarted at 0, the lag would be ~updates.
+    lags = [r["policy_lag_max"] for r in resumed if r["policy_lag_max"] is not None]
+    assert lags and max(lags) < 20 < before["updates"]
 
 
 def children_of(pid: int) -> list[int]:
@@ -126,13 +145,8 @@ def children_of(pid: int) -> list[int]:
 
 
 def test_killed_actor_stops_the_run_with_a_checkpoint(run_dir: Path):
-    process = subprocess.Popen(
-        [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "100000000", "--out", str(run_dir), *FAST],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start_training(run_dir)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
-            time.sleep(0.5)
         # spawn also starts a resource tracker; the actors are the children running spawn_main.
         actors = [pid for pid in children_of(process.pid)
                   if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]

@@ -328,7 +328,7 @@ def _missing_dependency_message(env_id: str, exc: BaseException) -> str:
     spec = _spec(env_id)
     where = f"{spec.entry_point} {text}".lower()
     if "mujoco" in where:
-        return f"environment {env_id!r} needs MuJoCo: pip install 'impactrl[mujoco]'"
+        return f"environment {env_id!r} needs MuJoCo: pip install 'gymnasium[mujoco]'"
     if "box2d" in where:
         return f"environment {env_id!r} needs Box2D: pip install swig 'gymnasium[box2d]'"
     return f"environment {env_id!r} needs a package that is not installed: {text}"

@@ -63,6 +63,7 @@ class Learner:
         self.device = device
         self.optimizer = make_optimizer(config, agent.parameters())
         self.counters = LearnerCounters()
+        self._unseen_obs: list[torch.Tensor] = []
 
     def learning_rate(self) -> float:
         c = self.config
@@ -74,9 +75,7 @@ class Learner:
         """Hand a fresh batch from the actors to the algorithm; it counts as consumed env steps."""
         batch = batch_to(batch, self.device)
         if self.agent.obs_norm is not None:
-            # Statistics move before the batch is trained on; the shift is one batch's worth and,
-            # like any policy lag, is corrected by the importance weights.
-            self.agent.obs_norm.update(batch["obs"][:-1].flatten(0, 1))
+            self._unseen_obs.append(batch["obs"][:-1].flatten(0, 1))
         self.algorithm.add_batch(batch)
         self.counters.env_steps += self.config.steps_per_batch
 
@@ -94,6 +93,12 @@ class Learner:
         self.optimizer.step()
         self.counters.updates += 1
         stats.update(self.algorithm.after_update(self.counters.updates))
+        if self._unseen_obs and self.algorithm.wants_data():
+            # Observation statistics move only once the algorithm is done with its data, just
+            # before the weights are published: the learner trains with the statistics the
+            # actors used (PPO's first ratio is exactly 1), and both move together.
+            self.agent.obs_norm.update(torch.cat(self._unseen_obs))
+            self._unseen_obs.clear()
         stats["optim/grad_norm"] = float(grad_norm)
         stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         return stats
