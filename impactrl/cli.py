@@ -20,11 +20,12 @@ import tyro
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml
 from impactrl.errors import ActorFailed, UserError
 
-USAGE = """usage: impactrl {train,eval} ...
+USAGE = """usage: impactrl {train,eval,plot} ...
 
   impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
   impactrl train --resume RUN_DIR                                      continue a stopped run
   impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
+  impactrl plot RUN_DIR [RUN_DIR ...] --out curves.png                 learning curves
 """
 
 
@@ -152,14 +153,28 @@ def evaluate(argv: Sequence[str]) -> int:
     return 0
 
 
+def plot(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="impactrl plot", description="Plot learning curves of runs into a PNG.")
+    parser.add_argument("runs", type=Path, nargs="+", help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--out", type=Path, default=Path("curves.png"), help="PNG to write (default curves.png)")
+    parser.add_argument("--x", default="env_steps", help="x axis key (default env_steps; wall_time_s for time)")
+    parser.add_argument("--y", default="episode_return_mean", help="y axis key (default episode_return_mean)")
+    parser.add_argument("--title", help="figure title")
+    args = parser.parse_args(list(argv))
+    from impactrl.plotting import plot_runs
+
+    print(plot_runs(args.runs, args.out, args.x, args.y, args.title))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train, "eval": evaluate}
+    commands = {"train": train, "eval": evaluate, "plot": plot}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
     if argv[0] not in commands:
-        print(f"impactrl: error: unknown command {argv[0]!r} (use train or eval)", file=sys.stderr)
+        print(f"impactrl: error: unknown command {argv[0]!r} (use train, eval or plot)", file=sys.stderr)
         sys.exit(2)
     try:
         sys.exit(commands[argv[0]](argv[1:]))

@@ -17,14 +17,12 @@ import copy
 import torch
 
 from impactrl.algos.base import Algorithm, to_floats
-from impactrl.algos.impala import agent_outputs, transform_rewards
+from impactrl.algos.common import agent_outputs, vtrace_targets
 from impactrl.config import TrainConfig
 from impactrl.data.circular_buffer import CircularBuffer
 from impactrl.data.rollout import Batch
 from impactrl.models import Agent
 from impactrl.ops.policy_losses import adaptive_kl_coefficient, impact_surrogate, value_loss
-from impactrl.ops.returns import bootstrap_truncations
-from impactrl.ops.vtrace import vtrace_from_importance_weights
 
 
 class Impact(Algorithm):
@@ -98,13 +96,7 @@ class Impact(Algorithm):
             target_policy = batch["target_policy"] if "target_policy" in batch else self.target_policy(batch)
             target_log_prob = head.log_prob(target_policy, batch["action"])
 
-        rewards, discounts, trace_discounts = bootstrap_truncations(
-            transform_rewards(batch["reward"], c.reward_clip), batch["terminated"], batch["truncated"],
-            batch["truncation_value"], c.discount)
-        vtrace = vtrace_from_importance_weights(
-            target_log_prob - behaviour_log_prob, discounts, rewards, values.detach(), bootstrap_value.detach(),
-            clip_rho_threshold=c.clip_rho_threshold, clip_pg_rho_threshold=c.clip_pg_rho_threshold,
-            clip_c_threshold=c.clip_c_threshold, lambda_=c.vtrace_lambda, trace_discounts=trace_discounts)
+        vtrace = vtrace_targets(c, batch, target_log_prob - behaviour_log_prob, values, bootstrap_value)
         surrogate, surrogate_stats = impact_surrogate(
             log_prob, target_log_prob, behaviour_log_prob, vtrace.pg_advantages, c.clip_param, c.target_worker_clip)
         baseline_loss = value_loss(values, vtrace.vs)

@@ -11,23 +11,8 @@ from __future__ import annotations
 import torch
 
 from impactrl.algos.base import Algorithm, to_floats
-from impactrl.data.rollout import Batch, core_state
-from impactrl.models import Agent, AgentInput, AgentOutput
-from impactrl.ops.returns import bootstrap_truncations
-from impactrl.ops.vtrace import vtrace_from_importance_weights
-
-
-def transform_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
-    if mode == "abs_one":
-        return rewards.clamp(-1.0, 1.0)
-    return rewards
-
-
-def agent_outputs(agent: Agent, batch: Batch) -> AgentOutput:
-    """The agent over a batch's T+1 observations, its LSTM starting from the actors' state."""
-    inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"])
-    output, _ = agent(inputs, core_state(batch))
-    return output
+from impactrl.algos.common import agent_outputs, vtrace_targets
+from impactrl.data.rollout import Batch
 
 
 class Impala(Algorithm):
@@ -39,13 +24,7 @@ class Impala(Algorithm):
 
         log_prob = head.log_prob(policy, batch["action"])
         log_rhos = log_prob.detach() - batch["behaviour_log_prob"]
-        rewards, discounts, trace_discounts = bootstrap_truncations(
-            transform_rewards(batch["reward"], c.reward_clip), batch["terminated"], batch["truncated"],
-            batch["truncation_value"], c.discount)
-        vtrace = vtrace_from_importance_weights(
-            log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
-            clip_rho_threshold=c.clip_rho_threshold, clip_pg_rho_threshold=c.clip_pg_rho_threshold,
-            clip_c_threshold=c.clip_c_threshold, lambda_=c.vtrace_lambda, trace_discounts=trace_discounts)
+        vtrace = vtrace_targets(c, batch, log_rhos, values, bootstrap_value)
 
         pg_loss = -(log_prob * vtrace.pg_advantages).sum()
         baseline_loss = 0.5 * (vtrace.vs - values).pow(2).sum()

@@ -12,13 +12,12 @@ from collections import deque
 import torch
 
 from impactrl.algos.base import Algorithm, to_floats
-from impactrl.algos.impala import agent_outputs, transform_rewards
+from impactrl.algos.common import agent_outputs, rewards_and_discounts
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
 from impactrl.models import Agent, AgentInput
 from impactrl.ops.gae import generalized_advantage_estimation
 from impactrl.ops.policy_losses import ppo_clipped_surrogate, value_loss
-from impactrl.ops.returns import bootstrap_truncations
 
 # Per-step fields a minibatch carries (the recurrent inputs are not needed without a core).
 STEP_KEYS = ("obs", "action", "behaviour_log_prob", "advantages", "returns", "old_values")
@@ -40,9 +39,7 @@ class PPO(Algorithm):
     def add_batch(self, batch: Batch) -> None:
         c = self.config
         values = agent_outputs(self.agent, batch).value
-        rewards, discounts, trace_discounts = bootstrap_truncations(
-            transform_rewards(batch["reward"], c.reward_clip), batch["terminated"], batch["truncated"],
-            batch["truncation_value"], c.discount)
+        rewards, discounts, trace_discounts = rewards_and_discounts(c, batch)
         gae = generalized_advantage_estimation(rewards, values[:-1], values[-1], discounts, c.gae_lambda,
                                                trace_discounts=trace_discounts)
         steps = {

@@ -50,6 +50,18 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from impactrl.ops.checks import (
+    check_float_tensor,
+    check_has_time_steps,
+    check_per_step,
+    check_same_device,
+    check_same_dtype,
+    check_same_shape,
+    check_shape_of_step,
+    check_time_major,
+    check_unit_interval,
+)
+
 __all__ = ["GAEReturns", "generalized_advantage_estimation"]
 
 
@@ -60,10 +72,6 @@ class GAEReturns(NamedTuple):
     """GAE(γ, λ) advantages Â_t."""
     returns: Tensor
     """Value targets R_t = Â_t + V(x_t)."""
-
-
-def _shape(x: Tensor) -> tuple[int, ...]:
-    return tuple(x.shape)
 
 
 def _validate_gae_inputs(
@@ -83,62 +91,21 @@ def _validate_gae_inputs(
     if trace_discounts is not None:
         named.append(("trace_discounts", trace_discounts))
     for name, x in named:
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        check_float_tensor(name, x)
 
-    rank = values.dim()
-    if rank < 2:
-        raise ValueError(
-            f"values must be time-major [T, B, ...] with rank >= 2, got shape {_shape(values)}"
-        )
-    T = values.shape[0]
-    if T < 1:
-        raise ValueError(f"values must have at least one time step, got shape {_shape(values)}")
-    if _shape(rewards) != _shape(values):
-        raise ValueError(
-            f"rewards and values must have the same shape, got rewards shape {_shape(rewards)} "
-            f"and values shape {_shape(values)}"
-        )
-    if bootstrap_value.dim() != rank - 1 or _shape(bootstrap_value) != _shape(values)[1:]:
-        raise ValueError(
-            f"bootstrap_value must have the shape of values[0] = {_shape(values)[1:]}, got "
-            f"{_shape(bootstrap_value)}"
-        )
+    check_time_major("values", values)
+    check_has_time_steps("values", values)
+    check_same_shape("rewards", rewards, "values", values)
+    check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
     per_step = [("discounts", discounts)]
     if trace_discounts is not None:
         per_step.append(("trace_discounts", trace_discounts))
     for name, x in per_step:
-        if x.dim() != rank:
-            raise ValueError(
-                f"{name} rank must equal values rank {rank}, got {name} shape {_shape(x)} and "
-                f"values shape {_shape(values)}"
-            )
-        if x.shape[0] != T:
-            raise ValueError(
-                f"{name} must have T = {T} time steps like values, got {name} shape "
-                f"{_shape(x)} and values shape {_shape(values)}"
-            )
-        for d in range(1, rank):
-            if x.shape[d] not in (1, values.shape[d]):
-                raise ValueError(
-                    f"{name} shape {_shape(x)} does not broadcast to values shape "
-                    f"{_shape(values)} (dim {d} must be 1 or {values.shape[d]})"
-                )
+        check_per_step(name, x, "values", values)
     for name, x in named:
-        if x.dtype != values.dtype:
-            raise ValueError(
-                f"{name} must have the dtype of values ({values.dtype}), got {x.dtype}"
-            )
-        if x.device != values.device:
-            raise ValueError(
-                f"{name} must be on the device of values ({values.device}), got {x.device}"
-            )
-    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)):
-        raise ValueError(f"lambda_ must be a Python float, got {type(lambda_).__name__}")
-    if not 0.0 <= lambda_ <= 1.0:
-        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+        check_same_dtype(name, x, "values", values)
+        check_same_device(name, x, "values", values)
+    check_unit_interval("lambda_", lambda_)
 
 
 def generalized_advantage_estimation(

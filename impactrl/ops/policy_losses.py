@@ -30,6 +30,16 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from impactrl.ops.checks import (
+    check_positive_float,
+    check_python_float,
+    check_same_device,
+    check_same_float,
+    check_shape_of,
+    check_tensor_kind,
+    shape_tuple,
+)
+
 __all__ = [
     "ppo_clipped_surrogate",
     "impact_surrogate",
@@ -43,62 +53,13 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def _shape(x: Tensor) -> tuple[int, ...]:
-    return tuple(x.shape)
-
-
-def _check_same_float(reference_name: str, reference: Tensor, *named: tuple[str, object]) -> None:
-    for name, x in ((reference_name, reference), *named):
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    for name, x in named:
-        assert isinstance(x, Tensor)
-        if _shape(x) != _shape(reference):
-            raise ValueError(
-                f"{name} must have the shape of {reference_name} {_shape(reference)}, got "
-                f"{_shape(x)}"
-            )
-        if x.dtype != reference.dtype:
-            raise ValueError(
-                f"{name} must have the dtype of {reference_name} ({reference.dtype}), got "
-                f"{x.dtype}"
-            )
-        if x.device != reference.device:
-            raise ValueError(
-                f"{name} must be on the device of {reference_name} ({reference.device}), got "
-                f"{x.device}"
-            )
-
-
 def _check_mask(mask: Optional[Tensor], reference_name: str, reference: Tensor) -> None:
+    """``mask`` is ``None`` or a bool tensor of the shape and on the device of ``reference``."""
     if mask is None:
         return
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a bool torch.Tensor or None, got "
-            f"{getattr(mask, 'dtype', type(mask).__name__)}"
-        )
-    if _shape(mask) != _shape(reference):
-        raise ValueError(
-            f"mask must have the shape of {reference_name} {_shape(reference)}, got "
-            f"{_shape(mask)}"
-        )
-    if mask.device != reference.device:
-        raise ValueError(
-            f"mask must be on the device of {reference_name} ({reference.device}), got "
-            f"{mask.device}"
-        )
-
-
-def _check_positive_float(name: str, value: object, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a Python float, got {type(value).__name__}")
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or not math.isfinite(value):
-        raise ValueError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0, got {value}")
-    return float(value)
+    check_tensor_kind("mask", mask, "bool", optional=True)
+    check_shape_of("mask", mask, reference_name, reference)
+    check_same_device("mask", mask, reference_name, reference)
 
 
 def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -152,11 +113,11 @@ def ppo_clipped_surrogate(
         ``(loss, clip_fraction)``: the scalar loss (to minimise) and the detached fraction of
         (valid) steps with |r_t − 1| > ε.
     """
-    _check_same_float(
+    check_same_float(
         "log_prob", log_prob, ("old_log_prob", old_log_prob), ("advantages", advantages)
     )
     _check_mask(mask, "log_prob", log_prob)
-    clip_param = _check_positive_float("clip_param", clip_param)
+    clip_param = check_positive_float("clip_param", clip_param)
     ratio = torch.exp(log_prob - old_log_prob.detach())
     return _clipped_surrogate(ratio, advantages.detach(), clip_param, mask)
 
@@ -205,7 +166,7 @@ def impact_surrogate(
         ``"is_weight_clipped_fraction"`` (fraction with μ/π_tgt > ρ; 0 when ρ is ``None``) and
         ``"clip_fraction"`` (fraction with |r_t − 1| > ε).
     """
-    _check_same_float(
+    check_same_float(
         "log_prob",
         log_prob,
         ("target_log_prob", target_log_prob),
@@ -213,9 +174,9 @@ def impact_surrogate(
         ("advantages", advantages),
     )
     _check_mask(mask, "log_prob", log_prob)
-    clip_param = _check_positive_float("clip_param", clip_param)
+    clip_param = check_positive_float("clip_param", clip_param)
     if target_worker_clip is not None:
-        target_worker_clip = _check_positive_float("target_worker_clip", target_worker_clip)
+        target_worker_clip = check_positive_float("target_worker_clip", target_worker_clip)
 
     with torch.no_grad():
         behaviour = behaviour_log_prob.detach()
@@ -278,16 +239,16 @@ def value_loss(
     Returns:
         The scalar loss.
     """
-    _check_same_float("values", values, ("targets", targets))
+    check_same_float("values", values, ("targets", targets))
     _check_mask(mask, "values", values)
     targets = targets.detach()
     unclipped = (values - targets) ** 2
     if clip_param is None:
         return 0.5 * _masked_mean(unclipped, mask)
-    clip_param = _check_positive_float("clip_param", clip_param)
+    clip_param = check_positive_float("clip_param", clip_param)
     if old_values is None:
         raise ValueError("old_values must be given when clip_param is not None (value clipping)")
-    _check_same_float("values", values, ("old_values", old_values))
+    check_same_float("values", values, ("old_values", old_values))
     old_values = old_values.detach()
     clipped_values = old_values + (values - old_values).clamp(-clip_param, clip_param)
     clipped = (clipped_values - targets) ** 2
@@ -319,17 +280,14 @@ def adaptive_kl_coefficient(
     Returns:
         The new β as a Python float.
     """
-    coefficient = _check_positive_float("coefficient", coefficient, allow_zero=True)
-    kl_target = _check_positive_float("kl_target", kl_target)
+    coefficient = check_positive_float("coefficient", coefficient, allow_zero=True)
+    kl_target = check_positive_float("kl_target", kl_target)
     if isinstance(kl, Tensor):
         if kl.numel() != 1:
-            raise ValueError(f"kl must be a scalar, got a tensor of shape {_shape(kl)}")
+            raise ValueError(f"kl must be a scalar, got a tensor of shape {shape_tuple(kl)}")
         kl_value = float(kl.detach().item())
-    elif isinstance(kl, bool) or not isinstance(kl, (int, float)):
-        raise ValueError(
-            f"kl must be a Python float or a one-element tensor, got {type(kl).__name__}"
-        )
     else:
+        check_python_float("kl", kl, "a Python float or a one-element tensor")
         kl_value = float(kl)
     if kl_value > 2.0 * kl_target:
         return coefficient * 1.5

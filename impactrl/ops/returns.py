@@ -16,11 +16,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from impactrl.ops.checks import (
+    check_same_device,
+    check_shape_of,
+    check_shape_of_step,
+    check_tensor_kind,
+    check_unit_interval,
+    per_step_mismatch,
+    shape_tuple,
+)
+
 __all__ = ["bootstrap_truncations", "discounted_returns"]
-
-
-def _shape(x: Tensor) -> tuple[int, ...]:
-    return tuple(x.shape)
 
 
 def bootstrap_truncations(
@@ -71,43 +77,22 @@ def bootstrap_truncations(
         ``(rewards, discounts, trace_discounts)``, each ``[T, B]`` with the dtype and device of
         ``rewards``.
     """
-    if not isinstance(rewards, Tensor) or not rewards.is_floating_point():
-        raise ValueError(
-            "rewards must be a floating-point torch.Tensor, got "
-            f"{getattr(rewards, 'dtype', type(rewards).__name__)}"
-        )
-    if not isinstance(truncation_values, Tensor) or not truncation_values.is_floating_point():
-        raise ValueError(
-            "truncation_values must be a floating-point torch.Tensor, got "
-            f"{getattr(truncation_values, 'dtype', type(truncation_values).__name__)}"
-        )
+    check_tensor_kind("rewards", rewards, "floating-point")
+    check_tensor_kind("truncation_values", truncation_values, "floating-point")
     for name, x in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(x, Tensor) or x.dtype != torch.bool:
-            raise ValueError(
-                f"{name} must be a bool torch.Tensor, got "
-                f"{getattr(x, 'dtype', type(x).__name__)}"
-            )
+        check_tensor_kind(name, x, "bool")
     if rewards.dim() < 2:
         raise ValueError(
-            f"rewards must be time-major [T, B] with rank >= 2, got shape {_shape(rewards)}"
+            f"rewards must be time-major [T, B] with rank >= 2, got shape {shape_tuple(rewards)}"
         )
     for name, x in (
         ("terminated", terminated),
         ("truncated", truncated),
         ("truncation_values", truncation_values),
     ):
-        if _shape(x) != _shape(rewards):
-            raise ValueError(
-                f"{name} must have the shape of rewards {_shape(rewards)}, got {_shape(x)}"
-            )
-        if x.device != rewards.device:
-            raise ValueError(
-                f"{name} must be on the device of rewards ({rewards.device}), got {x.device}"
-            )
-    if isinstance(discount, bool) or not isinstance(discount, (int, float)):
-        raise ValueError(f"discount must be a Python float, got {type(discount).__name__}")
-    if not 0.0 <= discount <= 1.0:
-        raise ValueError(f"discount must be in [0, 1], got {discount}")
+        check_shape_of(name, x, "rewards", rewards)
+        check_same_device(name, x, "rewards", rewards)
+    check_unit_interval("discount", discount)
 
     done = terminated | truncated
     truncated_only = truncated & ~terminated
@@ -137,11 +122,7 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tens
         ("discounts", discounts),
         ("bootstrap_value", bootstrap_value),
     ):
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise ValueError(
-                f"{name} must be a floating-point torch.Tensor, got "
-                f"{getattr(x, 'dtype', type(x).__name__)}"
-            )
+        check_tensor_kind(name, x, "floating-point")
         if x.dtype != rewards.dtype or x.device != rewards.device:
             raise ValueError(
                 f"{name} must have the dtype and device of rewards ({rewards.dtype}, "
@@ -149,20 +130,15 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tens
             )
     if rewards.dim() < 2 or rewards.shape[0] < 1:
         raise ValueError(
-            f"rewards must be time-major [T, B, ...] with T >= 1, got shape {_shape(rewards)}"
+            "rewards must be time-major [T, B, ...] with T >= 1, got shape "
+            f"{shape_tuple(rewards)}"
         )
-    if discounts.dim() != rewards.dim() or discounts.shape[0] != rewards.shape[0] or any(
-        d not in (1, r) for d, r in zip(discounts.shape[1:], rewards.shape[1:])
-    ):
+    if per_step_mismatch("discounts", discounts, "rewards", rewards) is not None:
         raise ValueError(
-            f"discounts shape {_shape(discounts)} does not match rewards shape {_shape(rewards)} "
-            "(same rank and T; trailing dims equal or 1)"
+            f"discounts shape {shape_tuple(discounts)} does not match rewards shape "
+            f"{shape_tuple(rewards)} (same rank and T; trailing dims equal or 1)"
         )
-    if _shape(bootstrap_value) != _shape(rewards)[1:]:
-        raise ValueError(
-            f"bootstrap_value must have the shape of rewards[0] = {_shape(rewards)[1:]}, got "
-            f"{_shape(bootstrap_value)}"
-        )
+    check_shape_of_step("bootstrap_value", bootstrap_value, "rewards", rewards)
     with torch.no_grad():
         rewards = rewards.detach()
         discounts = discounts.detach()

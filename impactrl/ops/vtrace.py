@@ -85,6 +85,21 @@ import torch
 from torch import Tensor
 import torch.nn.functional as F
 
+from impactrl.ops.checks import (
+    check_float_tensor,
+    check_has_time_steps,
+    check_per_step,
+    check_same_device,
+    check_same_dtype,
+    check_same_shape,
+    check_shape_of_step,
+    check_tensor_kind,
+    check_threshold,
+    check_time_major,
+    check_unit_interval,
+    shape_tuple,
+)
+
 __all__ = [
     "VTraceReturns",
     "VTraceFromLogitsReturns",
@@ -119,28 +134,8 @@ class VTraceFromLogitsReturns(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------
-# Validation helpers
+# Validation
 # --------------------------------------------------------------------------------------------
-
-
-def _shape(x: Tensor) -> tuple[int, ...]:
-    return tuple(x.shape)
-
-
-def _check_float_tensor(name: str, x: object) -> None:
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-
-
-def _check_threshold(name: str, value: Optional[float]) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a Python float or None, got {type(value).__name__}")
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0 or None (no clipping), got {value}")
 
 
 def _validate_vtrace_inputs(
@@ -165,74 +160,37 @@ def _validate_vtrace_inputs(
     if trace_discounts is not None:
         named.append(("trace_discounts", trace_discounts))
     for name, x in named:
-        _check_float_tensor(name, x)
+        check_float_tensor(name, x)
 
+    check_time_major("values", values)
     rank = values.dim()
-    if rank < 2:
-        raise ValueError(
-            f"values must be time-major [T, B, ...] with rank >= 2, got shape {_shape(values)}"
-        )
     if log_rhos.dim() != discounts.dim():
         raise ValueError(
-            f"log_rhos rank must equal discounts rank, got log_rhos shape {_shape(log_rhos)} "
-            f"and discounts shape {_shape(discounts)}"
+            f"log_rhos rank must equal discounts rank, got log_rhos shape {shape_tuple(log_rhos)} "
+            f"and discounts shape {shape_tuple(discounts)}"
         )
-    if _shape(rewards) != _shape(values):
-        raise ValueError(
-            f"rewards and values must have the same shape, got rewards shape {_shape(rewards)} "
-            f"and values shape {_shape(values)}"
-        )
+    check_same_shape("rewards", rewards, "values", values)
     if bootstrap_value.dim() != rank - 1:
         raise ValueError(
             f"bootstrap_value rank must be values rank - 1 = {rank - 1}, got bootstrap_value "
-            f"shape {_shape(bootstrap_value)} (rank {bootstrap_value.dim()}) and values shape "
-            f"{_shape(values)} (rank {rank})"
+            f"shape {shape_tuple(bootstrap_value)} (rank {bootstrap_value.dim()}) and values "
+            f"shape {shape_tuple(values)} (rank {rank})"
         )
-    if _shape(bootstrap_value) != _shape(values)[1:]:
-        raise ValueError(
-            f"bootstrap_value must have the shape of values[0] = {_shape(values)[1:]}, got "
-            f"{_shape(bootstrap_value)}"
-        )
-    T = values.shape[0]
-    if T < 1:
-        raise ValueError(f"values must have at least one time step, got shape {_shape(values)}")
+    check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
+    check_has_time_steps("values", values)
     per_step = [("log_rhos", log_rhos), ("discounts", discounts)]
     if trace_discounts is not None:
         per_step.append(("trace_discounts", trace_discounts))
     for name, x in per_step:
-        if x.dim() != rank:
-            raise ValueError(
-                f"{name} rank must equal values rank {rank}, got {name} shape {_shape(x)} and "
-                f"values shape {_shape(values)}"
-            )
-        if x.shape[0] != T:
-            raise ValueError(
-                f"{name} must have T = {T} time steps like values, got {name} shape "
-                f"{_shape(x)} and values shape {_shape(values)}"
-            )
-        for d in range(1, rank):
-            if x.shape[d] not in (1, values.shape[d]):
-                raise ValueError(
-                    f"{name} shape {_shape(x)} does not broadcast to values shape "
-                    f"{_shape(values)} (dim {d} must be 1 or {values.shape[d]})"
-                )
+        check_per_step(name, x, "values", values)
     for name, x in named:
-        if x.dtype != values.dtype:
-            raise ValueError(
-                f"{name} must have the dtype of values ({values.dtype}), got {x.dtype}"
-            )
-        if x.device != values.device:
-            raise ValueError(
-                f"{name} must be on the device of values ({values.device}), got {x.device}"
-            )
+        check_same_dtype(name, x, "values", values)
+        check_same_device(name, x, "values", values)
 
-    _check_threshold("clip_rho_threshold", clip_rho_threshold)
-    _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
-    _check_threshold("clip_c_threshold", clip_c_threshold)
-    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)):
-        raise ValueError(f"lambda_ must be a Python float, got {type(lambda_).__name__}")
-    if not 0.0 <= lambda_ <= 1.0:
-        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+    check_threshold("clip_rho_threshold", clip_rho_threshold)
+    check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
+    check_threshold("clip_c_threshold", clip_c_threshold)
+    check_unit_interval("lambda_", lambda_)
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,28 +293,18 @@ def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
     Returns:
         ``[T, B]`` log π(a_t|x_t), differentiable with respect to ``policy_logits``.
     """
-    if not isinstance(policy_logits, Tensor) or not policy_logits.is_floating_point():
-        raise ValueError(
-            "policy_logits must be a floating-point torch.Tensor, got "
-            f"{getattr(policy_logits, 'dtype', type(policy_logits).__name__)}"
-        )
-    if not isinstance(actions, Tensor) or actions.is_floating_point() or actions.is_complex():
-        raise ValueError(
-            "actions must be an integer torch.Tensor, got "
-            f"{getattr(actions, 'dtype', type(actions).__name__)}"
-        )
+    check_tensor_kind("policy_logits", policy_logits, "floating-point")
+    check_tensor_kind("actions", actions, "integer")
     if actions.dtype == torch.bool:
         raise ValueError("actions must be an integer torch.Tensor, got dtype torch.bool")
-    if policy_logits.dim() != actions.dim() + 1 or _shape(policy_logits)[:-1] != _shape(actions):
+    if policy_logits.dim() != actions.dim() + 1 or (
+        shape_tuple(policy_logits)[:-1] != shape_tuple(actions)
+    ):
         raise ValueError(
             f"policy_logits must have shape actions.shape + (num_actions,), got policy_logits "
-            f"shape {_shape(policy_logits)} and actions shape {_shape(actions)}"
+            f"shape {shape_tuple(policy_logits)} and actions shape {shape_tuple(actions)}"
         )
-    if actions.device != policy_logits.device:
-        raise ValueError(
-            f"actions must be on the device of policy_logits ({policy_logits.device}), got "
-            f"{actions.device}"
-        )
+    check_same_device("actions", actions, "policy_logits", policy_logits)
     log_probs = F.log_softmax(policy_logits, dim=-1)
     return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
@@ -393,10 +341,10 @@ def vtrace_from_logits(
         ``target_policy_logits`` for the policy-gradient loss; ``behaviour_action_log_probs``
         keeps whatever gradient ``behaviour_policy_logits`` has (normally none).
     """
-    if _shape(behaviour_policy_logits) != _shape(target_policy_logits):
+    if shape_tuple(behaviour_policy_logits) != shape_tuple(target_policy_logits):
         raise ValueError(
             "behaviour_policy_logits and target_policy_logits must have the same shape, got "
-            f"{_shape(behaviour_policy_logits)} and {_shape(target_policy_logits)}"
+            f"{shape_tuple(behaviour_policy_logits)} and {shape_tuple(target_policy_logits)}"
         )
     behaviour_log_probs = action_log_probs(behaviour_policy_logits, actions)
     target_log_probs = action_log_probs(target_policy_logits, actions)
