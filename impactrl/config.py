@@ -135,7 +135,7 @@ class TrainConfig:
     num_minibatches: int = 32
     """PPO: minibatches per pass."""
     normalize_advantages: bool = True
-    """PPO: normalise advantages per minibatch."""
+    """PPO and IMPACT: normalise advantages per (mini)batch (IMPACT's preset turns it off, as RLlib)."""
     clip_value_loss: bool = True
     """PPO: clip the value update around the old value estimate."""
 

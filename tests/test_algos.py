@@ -162,3 +162,16 @@ def test_observation_statistics_move_after_the_batch_is_used_and_ppo_starts_at_r
     while learner.update() is not None:
         pass
     assert norm.count.item() == pytest.approx(count_before.item() + 2 * 32)
+
+
+def test_kl_coefficient_adapts_once_per_target_period():
+    config = dataclasses.replace(IMPACT, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, buffer_batches=1,
+                                 buffer_uses=2, target_update_interval=3)
+    learner, batches = collect(config, slots=3)
+    coefficients = []
+    for batch in batches:
+        learner.add(batch)
+        while (stats := learner.update()) is not None:
+            coefficients.append(stats["impact/kl_coeff"])
+    # KL far above 2 * target: beta grows by 1.5 at each refresh (updates 3 and 6), not at every step.
+    assert coefficients == [1.0, 1.0, 1.5, 1.5, 1.5, 2.25]

@@ -159,3 +159,15 @@ def test_killed_actor_stops_the_run_with_a_checkpoint(run_dir: Path):
     assert process.returncode == 1
     assert "died with exit code -9" in stderr
     assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
+
+
+def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
+    """Hopper with the PPO MuJoCo preset: Gaussian head, separate critic, obs/reward normalisation."""
+    run_cli("train", "--algo", "ppo", "--env", "Hopper-v5", "--unroll-length", "256", "--num-minibatches", "4",
+            "--update-epochs", "2", "--total-env-steps", "2048", "--out", str(run_dir), "--log-interval-s", "0.5",
+            check=True)
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    assert state["agent"]["obs_norm.count"].item() > 1000  # statistics were learned and saved
+    assert state["learner"]["updates"] == (2048 // 512) * 2 * 4
+    result = run_cli("eval", str(run_dir), "--episodes", "2", check=True)
+    assert json.loads(result.stdout.splitlines()[-1])["episodes"] == 2

@@ -31,7 +31,7 @@ class Impact(Algorithm):
         self.target = copy.deepcopy(agent).requires_grad_(False) if config.use_target_network else None
         self.buffer = CircularBuffer(config.buffer_batches, config.buffer_uses, seed=config.seed)
         self.kl_coeff = config.kl_coeff
-        self.last_kl = 0.0
+        self.kl_sum = 0.0
         self.target_refreshes = 0
         self.updates_at_refresh = 0
 
@@ -67,9 +67,13 @@ class Impact(Algorithm):
         self.target_refreshes += 1
 
     def after_update(self, updates: int) -> dict[str, float]:
-        if self.config.use_kl_loss:
-            self.kl_coeff = adaptive_kl_coefficient(self.kl_coeff, self.last_kl, self.config.kl_target)
         if self.target is not None and updates - self.updates_at_refresh >= self.config.target_update_period:
+            if self.config.use_kl_loss:
+                # Once per target period, on the period's mean KL: adapting after every SGD step
+                # halves β while π_θ is still close to a fresh target, and β = 0 never recovers.
+                mean_kl = self.kl_sum / max(updates - self.updates_at_refresh, 1)
+                self.kl_coeff = adaptive_kl_coefficient(self.kl_coeff, mean_kl, self.config.kl_target)
+            self.kl_sum = 0.0
             self.refresh_target()
             self.updates_at_refresh = updates
         buffer = self.buffer.stats()
@@ -97,8 +101,11 @@ class Impact(Algorithm):
             target_log_prob = head.log_prob(target_policy, batch["action"])
 
         vtrace = vtrace_targets(c, batch, target_log_prob - behaviour_log_prob, values, bootstrap_value)
+        advantages = vtrace.pg_advantages
+        if c.normalize_advantages:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         surrogate, surrogate_stats = impact_surrogate(
-            log_prob, target_log_prob, behaviour_log_prob, vtrace.pg_advantages, c.clip_param, c.target_worker_clip)
+            log_prob, target_log_prob, behaviour_log_prob, advantages, c.clip_param, c.target_worker_clip)
         baseline_loss = value_loss(values, vtrace.vs)
         entropy = head.entropy(policy).mean()
         loss = surrogate + c.baseline_cost * baseline_loss - c.entropy_cost * entropy
@@ -107,8 +114,9 @@ class Impact(Algorithm):
             kl = head.kl(target_policy, policy).mean()
             if c.use_kl_loss:
                 loss = loss + self.kl_coeff * kl
-            self.last_kl = kl.item()
-            stats["impact/kl_target_online"] = self.last_kl
+            kl_value = kl.item()
+            self.kl_sum += kl_value
+            stats["impact/kl_target_online"] = kl_value
         stats.update({
             "loss/policy": surrogate,
             "loss/baseline": baseline_loss,
