@@ -20,12 +20,13 @@ import tyro
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml
 from impactrl.errors import ActorFailed, UserError
 
-USAGE = """usage: impactrl {train,eval,plot} ...
+USAGE = """usage: impactrl {train,eval,plot,bench} ...
 
   impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
   impactrl train --resume RUN_DIR                                      continue a stopped run
   impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
   impactrl plot RUN_DIR [RUN_DIR ...] --out curves.png                 learning curves
+  impactrl bench --env ALE/Pong-v5 --seconds 60                        throughput and where the time goes
 """
 
 
@@ -129,6 +130,38 @@ def train(argv: Sequence[str]) -> int:
     return 0
 
 
+def bench(argv: Sequence[str]) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--seconds", type=float, default=60.0)
+    pre.add_argument("--warmup-seconds", type=float, default=15.0)
+    known, rest = pre.parse_known_args(list(argv))
+    if "-h" in rest or "--help" in rest:
+        print("impactrl bench [TRAIN FLAGS] [--seconds 60] [--warmup-seconds 15]\n\n"
+              "Train for --seconds in a scratch directory and report env steps/s after the warm-up,\n"
+              "with the actors' time split (env, inference, wait) and the learner's (wait, train).\n"
+              "Takes every flag of impactrl train (see impactrl train --help).")
+        return 0
+    if not known.seconds > known.warmup_seconds >= 0:
+        raise UserError(f"--seconds ({known.seconds}) must exceed --warmup-seconds ({known.warmup_seconds})")
+    from impactrl.bench import format_summary, scratch_dir, summarize
+    from impactrl.training import train_local
+
+    run_dir = scratch_dir()
+    config, _ = resolve_train_config([*rest, "--out", str(run_dir), "--total-env-steps", str(10**12),
+                                      "--max-wall-time-s", str(known.seconds), "--log-interval-s", "2",
+                                      "--checkpoint-interval-s", str(10**9)])
+    validate_train(config, None)
+    create_run_dir(run_dir)
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    train_local(config, run_dir, None, quiet=True)
+    summary = summarize(run_dir / "metrics.jsonl", known.warmup_seconds)
+    print(format_summary(summary, config.env, config.algo))
+    print(json.dumps({"env": config.env, "algo": config.algo, "num_actors": config.num_actors,
+                      "envs_per_actor": config.envs_per_actor, **summary}))
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    return 0
+
+
 def interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -169,12 +202,12 @@ def plot(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train, "eval": evaluate, "plot": plot}
+    commands = {"train": train, "eval": evaluate, "plot": plot, "bench": bench}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
     if argv[0] not in commands:
-        print(f"impactrl: error: unknown command {argv[0]!r} (use train, eval or plot)", file=sys.stderr)
+        print(f"impactrl: error: unknown command {argv[0]!r} (use train, eval, plot or bench)", file=sys.stderr)
         sys.exit(2)
     try:
         sys.exit(commands[argv[0]](argv[1:]))

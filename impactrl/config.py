@@ -30,6 +30,8 @@ class TrainConfig:
     """Gymnasium id: CartPole-v1, MinAtar/Breakout-v1, ALE/Pong-v5, impactrl/CartPoleNoVelocity-v1, ..."""
     total_env_steps: int = 500_000
     """Stop after this many environment steps (agent steps; an Atari step is frame_skip frames)."""
+    max_wall_time_s: float | None = None
+    """Also stop after this many seconds of training in this invocation (None = no limit)."""
     seed: int = 1
     """Seed for the learner's initialisation and, offset per actor and env, for the environments."""
     out: Path | None = None
@@ -251,6 +253,8 @@ def problems(config: TrainConfig) -> list[str]:
         found.append(f"rmsprop_alpha must be in (0, 1), got {config.rmsprop_alpha}")
     if config.sticky_action_prob is not None and not 0.0 <= config.sticky_action_prob <= 1.0:
         found.append(f"sticky_action_prob must be in [0, 1], got {config.sticky_action_prob}")
+    if config.max_wall_time_s is not None and not config.max_wall_time_s > 0:
+        found.append(f"max_wall_time_s must be > 0 or None, got {config.max_wall_time_s}")
     if config.max_episode_steps is not None and config.max_episode_steps < 1:
         found.append(f"max_episode_steps must be >= 1, got {config.max_episode_steps}")
     return found

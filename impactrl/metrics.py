@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from impactrl.data.rollout import ACTOR_STAGES
+
 
 class MetricsWriter:
     def __init__(self, run_dir: Path, terminal: TextIO | None = sys.stdout):
@@ -72,6 +74,7 @@ class IntervalStats:
         self.lags: list[np.ndarray] = []
         self.ages: list[np.ndarray] = []
         self.actor_ids: list[np.ndarray] = []
+        self.stage_seconds: list[np.ndarray] = []
         self.sums: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
 
@@ -79,10 +82,12 @@ class IntervalStats:
         self.returns.extend(returns.tolist())
         self.lengths.extend(lengths.tolist())
 
-    def add_unrolls(self, actor_ids: np.ndarray, lags: np.ndarray, ages_s: np.ndarray) -> None:
+    def add_unrolls(self, actor_ids: np.ndarray, lags: np.ndarray, ages_s: np.ndarray,
+                    stage_seconds: np.ndarray) -> None:
         self.actor_ids.append(actor_ids)
         self.lags.append(lags)
         self.ages.append(ages_s)
+        self.stage_seconds.append(stage_seconds)
 
     def add(self, stats: dict[str, float]) -> None:
         for key, value in stats.items():
@@ -105,6 +110,10 @@ class IntervalStats:
                              "data_age_mean_s": float(ages[ids == actor].mean())}
                 for actor in np.unique(ids).tolist()
             }
+            # Where the actors' time went, over the unrolls the learner consumed in the interval.
+            stages = np.concatenate(self.stage_seconds).sum(axis=0)
+            for stage, seconds in zip(ACTOR_STAGES, stages.tolist()):
+                out[f"time/actor_{stage}_fraction"] = seconds / max(stages.sum(), 1e-12)
         else:
             out.update(policy_lag_mean=None, policy_lag_max=None, data_age_mean_s=None)
         for key, total in self.sums.items():

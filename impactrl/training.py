@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -31,10 +32,11 @@ def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner
     return learner, SlotStore(spec, config.num_slots, shared=True)
 
 
-def train_local(config: TrainConfig, run_dir: Path, checkpoint: dict | None = None) -> LearnerCounters:
+def train_local(config: TrainConfig, run_dir: Path, checkpoint: dict | None = None,
+                quiet: bool = False) -> LearnerCounters:
     torch.set_num_threads(local.learner_threads(config.num_actors))
     learner, store = build_learner(config, checkpoint)
-    writer = MetricsWriter(run_dir)
+    writer = MetricsWriter(run_dir, terminal=None if quiet else sys.stdout)
     try:
         return local.run(config, learner, store, run_dir, writer)
     finally:

@@ -171,3 +171,12 @@ def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
     assert state["learner"]["updates"] == (2048 // 512) * 2 * 4
     result = run_cli("eval", str(run_dir), "--episodes", "2", check=True)
     assert json.loads(result.stdout.splitlines()[-1])["episodes"] == 2
+
+
+def test_bench_reports_throughput_and_where_the_time_goes():
+    result = run_cli("bench", "--env", "CartPole-v1", "--seconds", "8", "--warmup-seconds", "3", *FAST, check=True)
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["env_steps_per_s"] > 0
+    actor = [summary[f"actor_{stage}_fraction"] for stage in ("env", "inference", "wait")]
+    assert all(0 <= share <= 1 for share in actor) and abs(sum(actor) - 1) < 1e-6
+    assert 0 <= summary["learner_wait_fraction"] <= 1 and 0 <= summary["learner_train_fraction"] <= 1

@@ -75,12 +75,17 @@ def sentinel(dtype: torch.dtype) -> float | int | bool:
     return -1
 
 
+# Where an actor's time went while it produced one unroll (seconds), stored per slot.
+ACTOR_STAGES = ("env", "inference", "wait")
+
+
 class SlotStore:
     """``num_slots`` preallocated slots, one tensor per field with a leading slot dimension.
 
     The tensors live in shared memory when ``shared`` is set, so actor processes write into
     them and only slot indices cross process boundaries. Each slot also carries who wrote it:
-    ``actor_id``, ``policy_version`` (the behaviour policy's version) and ``created_at``.
+    ``actor_id``, ``policy_version`` (the behaviour policy's version), ``created_at`` and
+    ``stage_seconds`` (the actor's time in each of ``ACTOR_STAGES`` for this unroll).
     """
 
     def __init__(self, spec: RolloutSpec, num_slots: int, shared: bool = True):
@@ -92,12 +97,13 @@ class SlotStore:
         self.actor_id = torch.full((num_slots,), -1, dtype=torch.int64)
         self.policy_version = torch.full((num_slots,), -1, dtype=torch.int64)
         self.created_at = torch.full((num_slots,), float("nan"), dtype=torch.float64)
+        self.stage_seconds = torch.full((num_slots, len(ACTOR_STAGES)), float("nan"), dtype=torch.float64)
         if shared:
             for tensor in self.tensors():
                 tensor.share_memory_()
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.data.values(), self.actor_id, self.policy_version, self.created_at]
+        return [*self.data.values(), self.actor_id, self.policy_version, self.created_at, self.stage_seconds]
 
     def slot_arrays(self, index: int) -> dict[str, np.ndarray]:
         """Writable numpy views of one slot (no copies), for the actor's per-step writes."""
@@ -107,8 +113,8 @@ class SlotStore:
         """Copy the given slots into one time-major batch ``[T(+1), len(indices) * E, ...]``.
 
         Returns the batch and the per-unroll metadata (``actor_id``, ``policy_version``,
-        ``created_at``), each of shape ``[len(indices) * E]``. Slots can be reused as soon as
-        this returns.
+        ``created_at``, each of shape ``[len(indices) * E]``, and ``stage_seconds`` per slot,
+        ``[len(indices), len(ACTOR_STAGES)]``). Slots can be reused as soon as this returns.
         """
         index = torch.as_tensor(indices, dtype=torch.int64)
         batch: Batch = {}
@@ -124,6 +130,7 @@ class SlotStore:
             "actor_id": self.actor_id.index_select(0, index).repeat_interleave(E),
             "policy_version": self.policy_version.index_select(0, index).repeat_interleave(E),
             "created_at": self.created_at.index_select(0, index).repeat_interleave(E),
+            "stage_seconds": self.stage_seconds.index_select(0, index),
         }
         return batch, meta
 

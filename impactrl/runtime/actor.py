@@ -9,11 +9,11 @@ and the loop is::
 
     load the newest weights (version v)
     forever:
+        synchronous (PPO)? wait until weights.version() > the version of the last unroll
         slot = sink.acquire()                      # blocks while the learner is behind
         if weights.version() > v: load them        # only at unroll boundaries
         write the core state, then T steps of (x_t, a_t, log μ(a_t|x_t), r_t, ...) and x_T
         sink.commit(slot, version=v)               # the unroll records which μ produced it
-        synchronous (PPO)? wait until weights.version() > v
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from impactrl.build import make_agent, make_training_env
 from impactrl.config import TrainConfig
+from impactrl.data.rollout import ACTOR_STAGES
 from impactrl.models import Agent, AgentInput
 
 
@@ -44,8 +45,8 @@ class RolloutSink(Protocol):
     def arrays(self, slot: int) -> dict[str, np.ndarray]:
         """Writable arrays of the slot's fields (see ``impactrl.data.rollout``)."""
 
-    def commit(self, slot: int, policy_version: int) -> None:
-        """Hand the written slot to the learner."""
+    def commit(self, slot: int, policy_version: int, stage_seconds: dict[str, float]) -> None:
+        """Hand the written slot to the learner, with where the actor's time went (ACTOR_STAGES)."""
 
 
 def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int) -> int:
@@ -69,10 +70,10 @@ class Actor:
         head = self.agent.policy_head
         self.obs = np.stack(first_obs)
         self.first = np.ones(E, dtype=bool)
-        self.prev_action = np.zeros((E, *head.action_shape), dtype=torch.empty((), dtype=head.action_dtype).numpy().dtype)
+        self.prev_action = torch.zeros((E, *head.action_shape), dtype=head.action_dtype).numpy()
         self.prev_reward = np.zeros(E, dtype=np.float32)
         self.core_state = self.agent.initial_state(E)
-        self.episode_steps = np.zeros(E, dtype=np.int64)
+        self.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
         torch.manual_seed(env_seed(config, actor_id, 0, generation))
 
     def _forward(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: np.ndarray,
@@ -100,6 +101,7 @@ class Actor:
             arrays["first"][t] = self.first
             arrays["prev_action"][t] = self.prev_action
             arrays["prev_reward"][t] = self.prev_reward
+            began = time.perf_counter()
             policy, _, next_core_state = self._forward(
                 arrays["obs"][t], arrays["prev_action"][t], arrays["prev_reward"][t], arrays["first"][t],
                 self.core_state)
@@ -107,7 +109,10 @@ class Actor:
             arrays["behaviour_log_prob"][t] = head.log_prob(policy, action).numpy()
             action = action.numpy()
             arrays["action"][t] = action
+            inferred = time.perf_counter()
             self._step_envs(t, action, next_core_state, arrays)
+            self.stage_seconds["inference"] += inferred - began
+            self.stage_seconds["env"] += time.perf_counter() - inferred
             self.core_state = next_core_state
         T = self.config.unroll_length
         arrays["obs"][T] = self.obs
@@ -161,17 +166,22 @@ def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: R
     actor = Actor(config, actor_id, generation)
     try:
         version = weights.load_into(actor.agent)
+        last_used = None
         while not should_stop():
+            began = time.perf_counter()
+            if config.synchronous and last_used is not None:
+                # Synchronous (PPO): the next unroll must come from the weights trained on the last.
+                while weights.version() <= last_used and not should_stop():
+                    time.sleep(0.0005)
             slot = sink.acquire()
             if slot is None:
                 break
+            actor.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
+            actor.stage_seconds["wait"] = time.perf_counter() - began
             if weights.version() > version:
                 version = weights.load_into(actor.agent)
             actor.unroll(sink.arrays(slot))
-            sink.commit(slot, version)
-            if config.synchronous:
-                # Synchronous (PPO): the next unroll must come from the weights trained on this one.
-                while weights.version() <= version and not should_stop():
-                    time.sleep(0.0005)
+            sink.commit(slot, version, actor.stage_seconds)
+            last_used = version
     finally:
         actor.close()

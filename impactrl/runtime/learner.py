@@ -20,6 +20,7 @@ and the loop is::
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -159,7 +160,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         last_checkpoint = time.monotonic()
 
     try:
-        while counters.env_steps < config.total_env_steps:
+        deadline = math.inf if config.max_wall_time_s is None else time.monotonic() + config.max_wall_time_s
+        while counters.env_steps < config.total_env_steps and time.monotonic() < deadline:
             check_health()
             if learner.algorithm.wants_data():
                 began = time.monotonic()
@@ -171,7 +173,7 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                 ended = ~torch.isnan(batch["episode_return"])
                 interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
                 interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
-                                     (time.time() - meta["created_at"]).numpy())
+                                     (time.time() - meta["created_at"]).numpy(), meta["stage_seconds"].numpy())
                 learner.add(batch)
             began = time.monotonic()
             stats = learner.update()

@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 from impactrl.config import TrainConfig
 from impactrl.errors import ActorFailed
-from impactrl.data.rollout import SlotStore
+from impactrl.data.rollout import ACTOR_STAGES, SlotStore
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
@@ -104,11 +104,12 @@ class ActorEndpoint:
     def arrays(self, slot: int) -> dict[str, np.ndarray]:
         return self.rollouts.store.slot_arrays(slot)
 
-    def commit(self, slot: int, policy_version: int) -> None:
+    def commit(self, slot: int, policy_version: int, stage_seconds: dict[str, float]) -> None:
         store = self.rollouts.store
         store.actor_id[slot] = self.actor_id
         store.policy_version[slot] = policy_version
         store.created_at[slot] = time.time()
+        store.stage_seconds[slot] = torch.tensor([stage_seconds[stage] for stage in ACTOR_STAGES])
         self.rollouts.full.put(slot)
 
 

@@ -1,0 +1,52 @@
+"""``impactrl bench``: where the time goes in a short training run of any env and config.
+
+It trains for a fixed wall time in a scratch directory, drops the warm-up, and reports the
+end-to-end env steps per second with the actors' split (env stepping, inference, waiting for a
+free slot or for new weights) and the learner's (waiting for data, training and publishing).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from impactrl.data.rollout import ACTOR_STAGES
+
+LEARNER_STAGES = ("wait", "train")
+
+
+def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
+    """Throughput and time split over the metrics lines after ``warmup_s`` seconds."""
+    records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
+    start = next((i for i, r in enumerate(records) if r["wall_time_s"] >= warmup_s), None)
+    if start is None or start + 1 >= len(records):
+        raise RuntimeError(f"the run logged too few lines after the {warmup_s}s warm-up; run longer")
+    first, steady = records[start], records[start + 1:]
+    last = steady[-1]
+    summary: dict[str, Any] = {
+        "env_steps_per_s": (last["env_steps"] - first["env_steps"]) / (last["wall_time_s"] - first["wall_time_s"]),
+        "measured_s": last["wall_time_s"] - first["wall_time_s"],
+        "policy_lag_mean": float(np.mean([r["policy_lag_mean"] for r in steady if r["policy_lag_mean"] is not None])),
+    }
+    for stage in ACTOR_STAGES:
+        summary[f"actor_{stage}_fraction"] = float(np.mean([r.get(f"time/actor_{stage}_fraction", np.nan) for r in steady]))
+    for stage in LEARNER_STAGES:
+        summary[f"learner_{stage}_fraction"] = float(np.mean([r[f"time/learner_{stage}_fraction"] for r in steady]))
+    return summary
+
+
+def format_summary(summary: dict[str, Any], env: str, algo: str) -> str:
+    actor = "  ".join(f"{stage} {summary[f'actor_{stage}_fraction']:6.1%}" for stage in ACTOR_STAGES)
+    learner = "  ".join(f"{stage} {summary[f'learner_{stage}_fraction']:6.1%}" for stage in LEARNER_STAGES)
+    return (f"{algo} on {env}: {summary['env_steps_per_s']:,.0f} env steps/s over {summary['measured_s']:.0f}s "
+            f"(policy lag {summary['policy_lag_mean']:.1f})\n"
+            f"  actors:  {actor}\n"
+            f"  learner: {learner}")
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="impactrl-bench-")) / "run"
