@@ -27,7 +27,8 @@ def collect(config: TrainConfig, slots: int):
 
 
 IMPACT = TrainConfig(algo="impact", env="CartPole-v1", envs_per_actor=4, batch_size=4, unroll_length=10,
-                     optimizer="adam", learning_rate=1e-3, buffer_batches=2, buffer_uses=3)
+                     optimizer="adam", learning_rate=1e-3, buffer_batches=2, buffer_uses=3,
+                     normalize_advantages=False)
 
 
 def test_impact_takes_k_steps_per_batch_and_refreshes_target_on_cadence():

@@ -161,7 +161,10 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
 
     try:
         deadline = math.inf if config.max_wall_time_s is None else time.monotonic() + config.max_wall_time_s
-        while counters.env_steps < config.total_env_steps and time.monotonic() < deadline:
+        # Past the step budget, finish the SGD steps owed to data already taken (PPO's epochs,
+        # IMPALA's last batch) and stop when the algorithm would fetch more.
+        while ((counters.env_steps < config.total_env_steps or not learner.algorithm.wants_data())
+               and time.monotonic() < deadline):
             check_health()
             if learner.algorithm.wants_data():
                 began = time.monotonic()
