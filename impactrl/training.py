@@ -34,7 +34,7 @@ def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner
 
 def train_local(config: TrainConfig, run_dir: Path, checkpoint: dict | None = None,
                 quiet: bool = False) -> LearnerCounters:
-    torch.set_num_threads(local.learner_threads(config.num_actors))
+    torch.set_num_threads(local.learner_threads(config))
     learner, store = build_learner(config, checkpoint)
     writer = MetricsWriter(run_dir, terminal=None if quiet else sys.stdout)
     try:

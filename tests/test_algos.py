@@ -176,3 +176,21 @@ def test_kl_coefficient_adapts_once_per_target_period():
             coefficients.append(stats["impact/kl_coeff"])
     # KL far above 2 * target: beta grows by 1.5 at each refresh (updates 3 and 6), not at every step.
     assert coefficients == [1.0, 1.0, 1.5, 1.5, 1.5, 2.25]
+
+
+@pytest.mark.parametrize("algo", ["impala", "impact", "ppo"])
+def test_bfloat16_learner_keeps_float32_weights_and_losses_and_tracks_float32(algo):
+    config = dataclasses.replace(IMPACT, algo=algo, env="MinAtar/Breakout-v1", lr_decay=False, num_minibatches=2,
+                                 update_epochs=1)
+    learner, batches = collect(config, slots=1)
+    low = build_learner(dataclasses.replace(config, learner_precision="bfloat16"), None)[0]
+    low.agent.load_state_dict(learner.agent.state_dict())
+    for each in (learner, low):
+        each.add(batches[0])
+    full_stats, low_stats = learner.update(), low.update()
+    assert all(p.dtype == torch.float32 and p.grad is not None for p in low.agent.parameters())
+    # The same step in bfloat16 moves the weights like the float32 step, to bfloat16's precision.
+    for full, reduced in zip(learner.agent.parameters(), low.agent.parameters()):
+        torch.testing.assert_close(reduced, full, atol=2e-3, rtol=0.0)
+    for key in ("loss/policy", "loss/baseline", "loss/entropy"):
+        assert abs(low_stats[key] - full_stats[key]) <= 0.02 * abs(full_stats[key]) + 1e-3, key

@@ -147,6 +147,14 @@ def test_categorical_sampling_frequencies():
     assert torch.equal(samples, again)
 
 
+def test_categorical_sample_with_log_prob_agrees_and_never_picks_masked_actions():
+    head = CategoricalHead(1, 3)
+    logits = torch.tensor([[0.5, -float("inf"), -0.5]]).expand(5_000, 3)
+    actions, log_prob = head.sample_with_log_prob(logits, generator=torch.Generator().manual_seed(0))
+    assert not (actions == 1).any()
+    torch.testing.assert_close(log_prob, Categorical(logits=logits).log_prob(actions))
+
+
 def test_categorical_encode_action_is_one_hot():
     head = CategoricalHead(1, 3)
     enc = head.encode_action(torch.tensor([[0, 2], [1, 1]]))

@@ -8,13 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 import yaml
 
 from conftest import FAST, run_cli
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import RolloutSpec, SlotStore
+from impactrl.data.rollout import DeviceTransfer, RolloutSpec, SlotStore
 from impactrl.runtime.local import SharedRollouts, SharedWeights, actor_process
 from impactrl.training import build_learner
 
@@ -49,6 +50,25 @@ def test_gather_is_time_major_and_concatenates_envs():
     assert batch["reward"][1].tolist() == [210, 211, 10, 11]
     assert meta["policy_version"].tolist() == [9, 9, 7, 7]
     assert meta["actor_id"].tolist() == [2, 2, 0, 0]
+
+
+def test_device_transfer_leaves_cpu_batches_alone():
+    batch = {"obs": torch.arange(6.0).reshape(3, 2)}
+    assert DeviceTransfer(torch.device("cpu"))(batch)["obs"] is batch["obs"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+def test_device_transfer_reuses_pinned_buffers_without_overwriting_batches_in_flight():
+    transfer = DeviceTransfer(torch.device("cuda"))
+    first_cpu = {"obs": torch.randn(20, 64, 4, 84, 84), "action": torch.randint(0, 6, (20, 64))}
+    second_cpu = {key: value + 1 for key, value in first_cpu.items()}
+    first = transfer(first_cpu)
+    staging = transfer._staging["obs"]
+    second = transfer(second_cpu)
+    assert transfer._staging["obs"] is staging and staging.is_pinned()
+    torch.cuda.synchronize()
+    for key in first_cpu:
+        assert torch.equal(first[key].cpu(), first_cpu[key]) and torch.equal(second[key].cpu(), second_cpu[key])
 
 
 def test_full_queue_makes_actors_wait():

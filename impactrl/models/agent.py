@@ -52,6 +52,9 @@ class AgentInput(NamedTuple):
     first: Tensor  # [T, B] bool: obs[t] is the first observation of an episode
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
 class AgentOutput(NamedTuple):
     policy: Tensor  # [T, B, *params_shape] distribution parameters (logits for categorical)
     value: Tensor  # [T, B] (or [T, B, num_values] with a multi-output value head)
@@ -135,6 +138,10 @@ class Agent(nn.Module):
             value = self.value_head(core_out)
         else:
             value = self.value_head(self.value_torso(flat_obs).reshape(T, B, -1))
+        if policy.dtype in LOW_PRECISION:
+            # Under autocast the heads' matmuls give bfloat16/float16; the losses' maths
+            # (log-softmax, V-trace, GAE) stays in float32.
+            policy, value = policy.float(), value.float()
         return AgentOutput(policy=policy, value=value), new_state
 
     def _unroll(

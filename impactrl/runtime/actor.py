@@ -105,8 +105,8 @@ class Actor:
             policy, _, next_core_state = self._forward(
                 arrays["obs"][t], arrays["prev_action"][t], arrays["prev_reward"][t], arrays["first"][t],
                 self.core_state)
-            action = head.sample(policy)
-            arrays["behaviour_log_prob"][t] = head.log_prob(policy, action).numpy()
+            action, log_prob = head.sample_with_log_prob(policy)
+            arrays["behaviour_log_prob"][t] = log_prob.numpy()
             action = action.numpy()
             arrays["action"][t] = action
             inferred = time.perf_counter()

@@ -20,6 +20,7 @@ and the loop is::
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -31,7 +32,7 @@ import torch
 from impactrl.algos.base import Algorithm, make_optimizer
 from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
-from impactrl.data.rollout import Batch, batch_to
+from impactrl.data.rollout import Batch, DeviceTransfer
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import Agent
 
@@ -62,6 +63,9 @@ class Learner:
         self.agent = agent
         self.algorithm = algorithm
         self.device = device
+        self.to_device = DeviceTransfer(device)
+        self.autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16,
+                                          enabled=config.learner_precision == "bfloat16")
         self.optimizer = make_optimizer(config, agent.parameters())
         self.counters = LearnerCounters()
         self._unseen_obs: list[torch.Tensor] = []
@@ -74,10 +78,11 @@ class Learner:
 
     def add(self, batch: Batch) -> None:
         """Hand a fresh batch from the actors to the algorithm; it counts as consumed env steps."""
-        batch = batch_to(batch, self.device)
+        batch = self.to_device(batch)
         if self.agent.obs_norm is not None:
             self._unseen_obs.append(batch["obs"][:-1].flatten(0, 1))
-        self.algorithm.add_batch(batch)
+        with self.autocast():
+            self.algorithm.add_batch(batch)
         self.counters.env_steps += self.config.steps_per_batch
 
     def update(self) -> dict[str, float] | None:
@@ -87,7 +92,8 @@ class Learner:
             return None
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
-        loss, stats = self.algorithm.loss(train_batch)
+        with self.autocast():
+            loss, stats = self.algorithm.loss(train_batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)

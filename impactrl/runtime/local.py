@@ -164,6 +164,6 @@ def run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, 
                 process.join(timeout=2.0)
 
 
-def learner_threads(num_actors: int) -> int:
-    """Intra-op threads for the learner: the cores the actors (one thread each) leave free."""
-    return max(1, (torch.get_num_threads() or 1) - num_actors)
+def learner_threads(config: TrainConfig) -> int:
+    """Intra-op threads for the learner: as configured, or the cores the actors (one thread each) leave free."""
+    return config.learner_threads or max(1, (torch.get_num_threads() or 1) - config.num_actors)
