@@ -6,7 +6,7 @@ Runs inside its own virtual environment (RLlib pins gymnasium 1.2.2); `run.sh` b
 
 Prints one JSON line: env steps/s after the warm-up and, with --target-return, the wall time at
 which the mean return of the latest episodes first reached it. Observations come from impactrl's
-own make_env (same preprocessing), transposed to channels-last for RLlib's CNN encoder.
+own make_env (same preprocessing), transposed to channels-last float32 in [0, 1] for RLlib's CNN encoder.
 """
 
 from __future__ import annotations
@@ -19,22 +19,26 @@ import gymnasium as gym
 import numpy as np
 
 
-class ChannelsLast(gym.ObservationWrapper):
+class ChannelsLastFloat(gym.ObservationWrapper):
+    """Channels-last float32 images in [0, 1]: RLlib's CNN encoder neither casts nor scales."""
+
     def __init__(self, env: gym.Env):
         super().__init__(env)
         space = env.observation_space
-        self.observation_space = gym.spaces.Box(
-            np.moveaxis(space.low, 0, -1), np.moveaxis(space.high, 0, -1), dtype=space.dtype)
+        self.scale = 1.0 / float(space.high.max())
+        low = np.moveaxis(space.low, 0, -1).astype(np.float32) * self.scale
+        high = np.moveaxis(space.high, 0, -1).astype(np.float32) * self.scale
+        self.observation_space = gym.spaces.Box(low, high, dtype=np.float32)
 
     def observation(self, observation):
-        return np.moveaxis(observation, 0, -1)
+        return np.moveaxis(observation, 0, -1).astype(np.float32) * self.scale
 
 
 def make(config: dict) -> gym.Env:
     from impactrl.envs import make_env
 
     env = make_env(config["env_id"], training=True)
-    return ChannelsLast(env) if len(env.observation_space.shape) == 3 else env
+    return ChannelsLastFloat(env) if len(env.observation_space.shape) == 3 else env
 
 
 def model_config(env_id: str) -> dict:

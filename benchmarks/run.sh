@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Side-by-side measurements on this machine, one after another (never in CI):
-# the raw env ceiling, impactrl's training throughput and time to CartPole 450, and the same
-# for RLlib's APPO and IMPALA (installed here into a venv of its own: RLlib pins gymnasium 1.2.2).
-#   bash benchmarks/run.sh [SECONDS]      results in benchmarks/results/, table: benchmarks/summarize.py
+# the raw env ceiling, impactrl's training throughput and time to CartPole 450, the learner's
+# overhead over a bare PyTorch loop, and the same for RLlib's APPO and IMPALA (installed here into
+# a venv of its own: RLlib pins gymnasium 1.2.2). RLlib gets as many envs per env runner as
+# impactrl's preset gives each actor (8 CartPole, 16 MinAtar, 8 Pong).
+#   bash benchmarks/run.sh [SECONDS] [PARTS]    PARTS: any of "ceiling impactrl rllib time learner" (default all)
+#   ENVS="ALE/Pong-v5" bash benchmarks/run.sh   only these envs in the throughput part
+# Results are appended to benchmarks/results/*.jsonl; the tables: python benchmarks/summarize.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-90}
+PARTS=${2:-"ceiling impactrl rllib time learner"}
 OUT=benchmarks/results
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
+declare -A ENVS_PER_WORKER=([CartPole-v1]=8 [MinAtar/Breakout-v1]=16 [ALE/Pong-v5]=8)
 
-if [ ! -x benchmarks/.venv-rllib/bin/python ]; then
+if wants rllib && [ ! -x benchmarks/.venv-rllib/bin/python ]; then
   python3 -m venv benchmarks/.venv-rllib
   benchmarks/.venv-rllib/bin/pip install -q torch==2.13.0
   benchmarks/.venv-rllib/bin/pip install -q "ray[rllib]==2.60.0" ale-py minatar opencv-python-headless
@@ -18,28 +25,43 @@ if [ ! -x benchmarks/.venv-rllib/bin/python ]; then
 fi
 RLLIB=benchmarks/.venv-rllib/bin/python
 
-$PY benchmarks/env_ceiling.py --seconds 10 > "$OUT/env_ceiling.jsonl"
+if wants ceiling; then
+  $PY benchmarks/env_ceiling.py --seconds 10 >> "$OUT/env_ceiling.jsonl"
+fi
 
-: > "$OUT/throughput.jsonl"
-for env in CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5; do
-  $PY -m impactrl bench --algo impala --env "$env" --num-actors 2 --seconds "$SECONDS_EACH" | tail -1 \
-    | sed 's/^{/{"system": "impactrl-impala", /' >> "$OUT/throughput.jsonl"
-  for algo in APPO IMPALA; do
-    $RLLIB benchmarks/rllib_baseline.py --algo $algo --env "$env" --env-runners 2 --seconds "$SECONDS_EACH" \
-      | tail -1 >> "$OUT/throughput.jsonl"
-  done
+for env in ${ENVS:-CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5}; do
+  if wants impactrl; then
+    $PY -m impactrl bench --algo impala --env "$env" --num-actors 2 --seconds "$SECONDS_EACH" | grep "^{" | tail -1 \
+      | sed 's/^{/{"system": "impactrl-impala", /' >> "$OUT/throughput.jsonl"
+  fi
+  if wants rllib; then
+    for algo in APPO IMPALA; do
+      $RLLIB benchmarks/rllib_baseline.py --algo $algo --env "$env" --env-runners 2 \
+        --envs-per-runner "${ENVS_PER_WORKER[$env]}" --seconds "$SECONDS_EACH" | grep "^{" | tail -1 >> "$OUT/throughput.jsonl"
+    done
+  fi
 done
 
-: > "$OUT/cartpole_time_to_450.jsonl"
 for seed in 1 2 3; do
-  for algo in impala impact; do
-    run=$(mktemp -d)/run
-    start=$(date +%s.%N)
-    $PY -m impactrl train --algo $algo --env CartPole-v1 --num-actors 2 --seed $seed --out "$run" --log-interval-s 1 > /dev/null
-    $PY benchmarks/time_to_return.py "$run" 450 --system "impactrl-$algo" --seed $seed --started "$start" \
-      >> "$OUT/cartpole_time_to_450.jsonl"
-  done
-  $RLLIB benchmarks/rllib_baseline.py --algo APPO --env CartPole-v1 --env-runners 2 --seconds 300 \
-    --target-return 450 | tail -1 >> "$OUT/cartpole_time_to_450.jsonl"
+  wants time || break
+  if wants impactrl; then
+    for algo in impala impact; do
+      run=$(mktemp -d)/run
+      start=$(date +%s.%N)
+      $PY -m impactrl train --algo $algo --env CartPole-v1 --num-actors 2 --seed $seed --out "$run" --log-interval-s 1 > /dev/null
+      $PY benchmarks/time_to_return.py "$run" 450 --system "impactrl-$algo" --seed $seed --started "$start" \
+        >> "$OUT/cartpole_time_to_450.jsonl"
+    done
+  fi
+  if wants rllib; then
+    $RLLIB benchmarks/rllib_baseline.py --algo APPO --env CartPole-v1 --env-runners 2 --envs-per-runner 8 \
+      --seconds 400 --target-return 450 | grep "^{" | tail -1 >> "$OUT/cartpole_time_to_450.jsonl"
+  fi
 done
+
+if wants learner; then
+  for env in CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5; do
+    $PY benchmarks/learner_overhead.py --env "$env" --steps 200 >> "$OUT/learner_overhead.jsonl"
+  done
+fi
 $PY benchmarks/summarize.py
