@@ -93,6 +93,7 @@ def main() -> None:
     elapsed = time.perf_counter() - began
     steady = (steps - warm_steps) / (elapsed - warm_time) if warm_steps is not None and elapsed > warm_time else None
     print(json.dumps({"system": f"rllib-{args.algo.lower()}", "env": args.env, "env_runners": args.env_runners,
+                      "envs_per_worker": args.envs_per_runner,
                       "env_steps_per_s": steady, "env_steps": steps, "wall_s": elapsed,
                       "time_to_target_s": reached_s, "target_return": args.target_return,
                       "startup_s": began - script_start}), flush=True)

@@ -3,7 +3,8 @@
 # the raw env ceiling, impactrl's training throughput and time to CartPole 450, the learner's
 # overhead over a bare PyTorch loop, and the same for RLlib's APPO and IMPALA (installed here into
 # a venv of its own: RLlib pins gymnasium 1.2.2). RLlib gets as many envs per env runner as
-# impactrl's preset gives each actor (8 CartPole, 16 MinAtar, 8 Pong).
+# impactrl's preset gives each actor (8 CartPole, 32 MinAtar, 8 Pong), and APPO also runs with
+# RLlib's default of one.
 #   bash benchmarks/run.sh [SECONDS] [PARTS]    PARTS: any of "ceiling impactrl rllib time learner" (default all)
 #   ENVS="ALE/Pong-v5" bash benchmarks/run.sh   only these envs in the throughput part
 # Results are appended to benchmarks/results/*.jsonl; the tables: python benchmarks/summarize.py
@@ -15,7 +16,7 @@ OUT=benchmarks/results
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
-declare -A ENVS_PER_WORKER=([CartPole-v1]=8 [MinAtar/Breakout-v1]=16 [ALE/Pong-v5]=8)
+declare -A ENVS_PER_WORKER=([CartPole-v1]=8 [MinAtar/Breakout-v1]=32 [ALE/Pong-v5]=8)
 
 if wants rllib && [ ! -x benchmarks/.venv-rllib/bin/python ]; then
   python3 -m venv benchmarks/.venv-rllib
@@ -31,14 +32,21 @@ fi
 
 for env in ${ENVS:-CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5}; do
   if wants impactrl; then
-    $PY -m impactrl bench --algo impala --env "$env" --num-actors 2 --seconds "$SECONDS_EACH" | grep "^{" | tail -1 \
-      | sed 's/^{/{"system": "impactrl-impala", /' >> "$OUT/throughput.jsonl"
+    # The image envs also with the learner in bfloat16 (this CPU has AMX; see --learner-precision).
+    for precision in float32 $([ "$env" != CartPole-v1 ] && echo bfloat16); do
+      $PY -m impactrl bench --algo impala --env "$env" --num-actors 2 --seconds "$SECONDS_EACH" \
+        --learner-precision $precision | grep "^{" | tail -1 \
+        | sed "s/^{/{\"system\": \"impactrl-impala-$precision\", /" >> "$OUT/throughput.jsonl"
+    done
   fi
   if wants rllib; then
     for algo in APPO IMPALA; do
       $RLLIB benchmarks/rllib_baseline.py --algo $algo --env "$env" --env-runners 2 \
         --envs-per-runner "${ENVS_PER_WORKER[$env]}" --seconds "$SECONDS_EACH" | grep "^{" | tail -1 >> "$OUT/throughput.jsonl"
     done
+    # RLlib's own default, one env per runner (how the table was measured).
+    $RLLIB benchmarks/rllib_baseline.py --algo APPO --env "$env" --env-runners 2 --envs-per-runner 1 \
+      --seconds "$SECONDS_EACH" | grep "^{" | tail -1 >> "$OUT/throughput.jsonl"
   fi
 done
 

@@ -1,11 +1,19 @@
-"""Turn benchmarks/results/*.jsonl into the tables of benchmarks/README.md and a plot."""
+"""Turn benchmarks/results/*.jsonl into the tables of benchmarks/README.md and benchmarks/throughput.png."""
 
 import json
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-RESULTS = Path(__file__).parent / "results"
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+ENVS = ["CartPole-v1", "MinAtar/Breakout-v1", "ALE/Pong-v5"]
+REFERENCE = "rllib-appo, matched envs"
 
 
 def read(name: str) -> list[dict]:
@@ -13,34 +21,89 @@ def read(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def main() -> None:
+def label(record: dict) -> str:
+    if record["system"].startswith("rllib"):
+        return f"{record['system']}, {'1 env' if record['envs_per_worker'] == 1 else 'matched envs'}"
+    return record["system"]
+
+
+def rate(value: float | None) -> str:
+    return f"{value:,.0f}" if value else "—"
+
+
+def throughput_table() -> dict[str, dict[str, float]]:
+    """The latest measurement per env and system."""
     ceiling = {r["env"]: r for r in read("env_ceiling.jsonl")}
-    throughput = defaultdict(dict)
+    rates: dict[str, dict[str, float]] = defaultdict(dict)
     for r in read("throughput.jsonl"):
-        throughput[r["env"]][r["system"]] = r["env_steps_per_s"]
-    systems = ["impactrl-impala", "rllib-appo", "rllib-impala"]
-    print("| env | " + " | ".join(systems) + " | impactrl / RLlib APPO | raw env, 1 process | raw env, all cores | impactrl / raw all cores |")
-    print("|---|" + "---|" * (len(systems) + 4))
-    for env, rates in throughput.items():
-        ours, appo = rates.get("impactrl-impala"), rates.get("rllib-appo")
+        rates[r["env"]][label(r)] = r["env_steps_per_s"]
+    systems = sorted({system for per_env in rates.values() for system in per_env})
+    print("| env | " + " | ".join(systems) + " | impactrl best / RLlib APPO (matched, 1 env) "
+          "| raw env: 1 process, 2 processes | impactrl best / raw 2 processes |")
+    print("|---|" + "---|" * (len(systems) + 3))
+    for env in ENVS:
+        per_env = rates.get(env, {})
+        ours = max((v for k, v in per_env.items() if k.startswith("impactrl") and v), default=None)
+        ratios = [f"{ours / per_env[ref]:.1f}×" if ours and per_env.get(ref) else "—"
+                  for ref in (REFERENCE, "rllib-appo, 1 env")]
         raw = ceiling.get(env, {})
-        cells = [f"{rates[s]:,.0f}" if rates.get(s) else "—" for s in systems]
-        ratio = f"{ours / appo:.1f}×" if ours and appo else "—"
-        all_cores = raw.get("all_processes_steps_per_s")
-        share = f"{ours / all_cores:.0%}" if ours and all_cores else "—"
-        print(f"| {env} | " + " | ".join(cells) + f" | {ratio} | {raw.get('one_process_steps_per_s', 0):,.0f} | "
-              f"{all_cores or 0:,.0f} | {share} |")
+        two = raw.get("all_processes_steps_per_s")
+        share = f"{ours / two:.0%}" if ours and two else "—"
+        print(f"| {env} | " + " | ".join(rate(per_env.get(s)) for s in systems) + f" | {', '.join(ratios)} "
+              f"| {rate(raw.get('one_process_steps_per_s'))}, {rate(two)} | {share} |")
+    return rates
+
+
+def time_table() -> None:
     times = defaultdict(list)
     for r in read("cartpole_time_to_450.jsonl"):
         if r["time_to_target_s"] is not None:
             times[r["system"]].append(r["time_to_target_s"] + (r.get("startup_s") or 0.0))
-    if times:
-        print("\n| system | CartPole time to 450 (s, incl. start-up), per run | mean | ratio to RLlib APPO |")
-        print("|---|---|---|---|")
-        reference = mean(times["rllib-appo"]) if times.get("rllib-appo") else None
-        for system, values in times.items():
-            ratio = f"{mean(values) / reference:.2f}×" if reference else "—"
-            print(f"| {system} | {', '.join(f'{v:.1f}' for v in values)} | {mean(values):.1f} | {ratio} |")
+    if not times:
+        return
+    print("\n| system | CartPole time to 450 (s, incl. start-up), per run | mean | ratio to RLlib APPO |")
+    print("|---|---|---|---|")
+    reference = mean(times["rllib-appo"]) if times.get("rllib-appo") else None
+    for system, values in times.items():
+        ratio = f"{mean(values) / reference:.2f}×" if reference else "—"
+        print(f"| {system} | {', '.join(f'{v:.1f}' for v in values)} | {mean(values):.1f} | {ratio} |")
+
+
+def learner_table() -> None:
+    rows = read("learner_overhead.jsonl")
+    if not rows:
+        return
+    print("\n| env | batch (unrolls × T) | bare PyTorch step | impactrl learner step | publish weights | learner / bare |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['env']} | {r['batch_unrolls']} × {r['unroll_length']} | {r['bare_ms']:.2f} ms | "
+              f"{r['learner_ms']:.2f} ms | {r['publish_ms']:.2f} ms | {r['learner_over_bare']:.2f} |")
+
+
+def plot(rates: dict[str, dict[str, float]]) -> None:
+    systems = sorted({system for per_env in rates.values() for system in per_env})
+    envs = [env for env in ENVS if env in rates]
+    if not envs:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        values = [rates[env].get(system, 0.0) for env in envs]
+        ax.bar([e + i * width for e in range(len(envs))], values, width, label=system)
+    ax.set_xticks([e + 0.4 - width / 2 for e in range(len(envs))], envs)
+    ax.set_yscale("log")
+    ax.set_ylabel("env steps/s while training (log)")
+    ax.set_title("Training throughput, 2 env workers, 2 CPU cores, one machine")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(HERE / "throughput.png", dpi=110)
+
+
+def main() -> None:
+    rates = throughput_table()
+    time_table()
+    learner_table()
+    plot(rates)
 
 
 if __name__ == "__main__":
