@@ -29,24 +29,24 @@ from impactrl.algos import make_algorithm
 from impactrl.build import make_agent, make_training_env, rollout_spec
 from impactrl.cli import resolve_train_config
 from impactrl.data.rollout import Batch, SlotStore
+from impactrl.models.heads import CategoricalHead
 from impactrl.runtime.learner import Learner
 from impactrl.runtime.local import SharedWeights
 
 
 def random_batch(config, agent, observation_space) -> Batch:
+    """One batch of the preset's shapes and dtypes with random contents: for timing only."""
     spec = rollout_spec(config, agent, observation_space)
     store = SlotStore(spec, config.slots_per_batch, shared=False)
     generator = torch.Generator().manual_seed(0)
     for key, tensor in store.data.items():
-        if key in ("obs",):
+        if key == "obs":
             low = torch.as_tensor(observation_space.low).clamp(min=-3.0).float()
             high = torch.as_tensor(observation_space.high).clamp(max=3.0).float()
             sample = low + (high - low) * torch.rand(tensor.shape, generator=generator)
             tensor.copy_(sample.to(tensor.dtype))
         elif key in ("action", "prev_action"):
-            count = agent.policy_head.num_actions if hasattr(agent.policy_head, "num_actions") else None
-            tensor.copy_(torch.randint(0, count, tensor.shape, generator=generator) if count
-                         else torch.randn(tensor.shape, generator=generator))
+            tensor.copy_(torch.randint(0, agent.policy_head.num_actions, tensor.shape, generator=generator))
         elif key == "behaviour_log_prob":
             tensor.fill_(-0.7)
         elif key in ("first", "terminated", "truncated"):
@@ -108,6 +108,8 @@ def main() -> None:
     env = make_training_env(config)
     torch.manual_seed(0)
     learner_agent = make_agent(config, env.observation_space, env.action_space)
+    if not isinstance(learner_agent.policy_head, CategoricalHead):
+        parser.error("the bare loop is written for discrete actions; pick an env with a Discrete action space")
     bare_agent = make_agent(config, env.observation_space, env.action_space)
     bare_agent.load_state_dict(learner_agent.state_dict())
     batch = random_batch(config, learner_agent, env.observation_space)

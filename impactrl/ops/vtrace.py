@@ -268,13 +268,15 @@ def vtrace_from_importance_weights(
         deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)  # [T, B, ...]
         trace_coeffs = eta * cs  # [T, B, ...] or broadcastable to it
 
-        # Backward recursion a_t = δ_t + η_t c_t a_{t+1}, written into a preallocated tensor.
-        T = values.shape[0]
-        vs_minus_v = torch.empty(deltas.shape, dtype=deltas.dtype, device=deltas.device)
-        vs_minus_v[T - 1] = deltas[T - 1]
-        for t in range(T - 2, -1, -1):
-            torch.addcmul(deltas[t], trace_coeffs[t], vs_minus_v[t + 1], out=vs_minus_v[t])
-        vs = vs_minus_v + values
+        # Backward recursion a_t = δ_t + η_t c_t a_{t+1}: one fused op per step on views taken
+        # once (indexing inside the loop would cost more dispatches than the arithmetic).
+        step_deltas, step_coeffs = deltas.unbind(0), trace_coeffs.unbind(0)
+        a = step_deltas[-1]
+        corrections = [a]
+        for t in range(len(step_deltas) - 2, -1, -1):
+            a = torch.addcmul(step_deltas[t], step_coeffs[t], a)
+            corrections.append(a)
+        vs = torch.stack(corrections[::-1]) + values
 
         # A_t = ρ^pg_t (r_t + γ_t v_{t+1} − V(x_t)), with v_T = bootstrap_value.
         vs_tp1 = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)

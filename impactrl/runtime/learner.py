@@ -20,6 +20,7 @@ and the loop is::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -64,8 +65,8 @@ class Learner:
         self.algorithm = algorithm
         self.device = device
         self.to_device = DeviceTransfer(device)
-        self.autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16,
-                                          enabled=config.learner_precision == "bfloat16")
+        self.autocast = (functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
+                         if config.learner_precision == "bfloat16" else contextlib.nullcontext)
         self.optimizer = make_optimizer(config, agent.parameters())
         self.counters = LearnerCounters()
         self._unseen_obs: list[torch.Tensor] = []
