@@ -70,7 +70,7 @@ def time_table() -> None:
 
 
 def learner_table() -> None:
-    rows = read("learner_overhead.jsonl")
+    rows = list({r["env"]: r for r in read("learner_overhead.jsonl")}.values())  # the latest per env
     if not rows:
         return
     print("\n| env | batch (unrolls × T) | bare PyTorch step | impactrl learner step | publish weights | learner / bare |")
