@@ -100,8 +100,8 @@ def bootstrap_truncations(
     new_rewards = torch.where(truncated_only, bootstrapped, rewards)
     not_done = (~done).to(rewards.dtype)
     discounts = discount * not_done
-    trace_discounts = discount * not_done
-    return new_rewards, discounts, trace_discounts
+    # With the truncation folded into the reward the two are equal: one tensor serves both.
+    return new_rewards, discounts, discounts
 
 
 def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tensor) -> Tensor:
