@@ -26,7 +26,7 @@ import time
 import torch
 
 from impactrl.algos import make_algorithm
-from impactrl.build import make_agent, make_training_env, rollout_spec
+from impactrl.build import make_agent, make_training_envs, rollout_spec
 from impactrl.cli import resolve_train_config
 from impactrl.data.rollout import Batch, SlotStore
 from impactrl.models.heads import CategoricalHead
@@ -105,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config, _ = resolve_train_config(["--algo", args.algo, "--env", args.env, "--no-lr-decay"])
-    env = make_training_env(config)
+    env = make_training_envs(config, 1)
     torch.manual_seed(0)
     learner_agent = make_agent(config, env.observation_space, env.action_space)
     if not isinstance(learner_agent.policy_head, CategoricalHead):

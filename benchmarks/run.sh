@@ -27,16 +27,23 @@ fi
 RLLIB=benchmarks/.venv-rllib/bin/python
 
 if wants ceiling; then
-  $PY benchmarks/env_ceiling.py --seconds 10 >> "$OUT/env_ceiling.jsonl"
+  for backend in gymnasium envpool; do
+    $PY benchmarks/env_ceiling.py --seconds 10 --backend $backend >> "$OUT/env_ceiling.jsonl"
+  done
 fi
 
 for env in ${ENVS:-CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5}; do
   if wants impactrl; then
     # The image envs also with the learner in bfloat16 (this CPU has AMX; see --learner-precision).
     for precision in float32 $([ "$env" != CartPole-v1 ] && echo bfloat16); do
-      $PY -m impactrl bench --algo impala --env "$env" --num-actors 2 --seconds "$SECONDS_EACH" \
-        --learner-precision $precision | grep "^{" | tail -1 \
-        | sed "s/^{/{\"system\": \"impactrl-impala-$precision\", /" >> "$OUT/throughput.jsonl"
+      # Atari also on EnvPool (--env-backend envpool); for CartPole its per-call cost loses to
+      # the Python loop, and it has no MinAtar.
+      for backend in gymnasium $([[ "$env" == ALE/* ]] && echo envpool); do
+        $PY -m impactrl bench --algo impala --env "$env" --num-actors 2 --seconds "$SECONDS_EACH" \
+          --learner-precision $precision --env-backend $backend | grep "^{" | tail -1 \
+          | sed "s/^{/{\"system\": \"impactrl-impala-$precision$([ $backend = envpool ] && echo -envpool)\", /" \
+          >> "$OUT/throughput.jsonl"
+      done
     done
   fi
   if wants rllib; then

@@ -33,7 +33,7 @@ def rate(value: float | None) -> str:
 
 def throughput_table() -> dict[str, dict[str, float]]:
     """The latest measurement per env and system."""
-    ceiling = {r["env"]: r for r in read("env_ceiling.jsonl")}
+    ceiling = {r["env"]: r for r in read("env_ceiling.jsonl") if r.get("backend", "gymnasium") == "gymnasium"}
     rates: dict[str, dict[str, float]] = defaultdict(dict)
     for r in read("throughput.jsonl"):
         rates[r["env"]][label(r)] = r["env_steps_per_s"]
@@ -52,6 +52,18 @@ def throughput_table() -> dict[str, dict[str, float]]:
         print(f"| {env} | " + " | ".join(rate(per_env.get(s)) for s in systems) + f" | {', '.join(ratios)} "
               f"| {rate(raw.get('one_process_steps_per_s'))}, {rate(two)} | {share} |")
     return rates
+
+
+def envpool_ceiling_table() -> None:
+    rows = {(r["env"], r.get("backend", "gymnasium")): r for r in read("env_ceiling.jsonl") if "envs_per_process" in r}
+    if not any(backend == "envpool" for _, backend in rows):
+        return
+    print("\n| env | raw Gymnasium: 1 process, 2 processes | raw EnvPool: 1 process, 2 processes | (8 envs per process) |")
+    print("|---|---|---|---|")
+    for env in ENVS:
+        cells = [f"{rate(r.get('one_process_steps_per_s'))}, {rate(r.get('all_processes_steps_per_s'))}"
+                 for r in (rows.get((env, "gymnasium"), {}), rows.get((env, "envpool"), {}))]
+        print(f"| {env} | {cells[0]} | {cells[1]} | |")
 
 
 def time_table() -> None:
@@ -101,6 +113,7 @@ def plot(rates: dict[str, dict[str, float]]) -> None:
 
 def main() -> None:
     rates = throughput_table()
+    envpool_ceiling_table()
     time_table()
     learner_table()
     plot(rates)

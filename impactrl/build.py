@@ -7,7 +7,7 @@ import torch
 
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
-from impactrl.envs import EnvOptions, make_env
+from impactrl.envs import EnvOptions, EnvVector, make_env_vector
 from impactrl.models import Agent, build_agent
 
 
@@ -23,8 +23,9 @@ def env_options(config: TrainConfig) -> EnvOptions:
     )
 
 
-def make_training_env(config: TrainConfig, seed: int | None = None) -> gym.Env:
-    return make_env(config.env, env_options(config), seed=seed, training=True)
+def make_training_envs(config: TrainConfig, num_envs: int, seed: int | None = None) -> EnvVector:
+    """The envs one actor steps, on ``config.env_backend``; env ``e`` is seeded ``seed + e``."""
+    return make_env_vector(config.env, env_options(config), num_envs, seed=seed, backend=config.env_backend)
 
 
 def make_agent(config: TrainConfig, observation_space: gym.Space, action_space: gym.Space) -> Agent:

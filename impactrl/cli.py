@@ -69,7 +69,7 @@ def validate_train(config: TrainConfig, resume: Path | None):
     """Check everything that can be checked without starting a process; return what was loaded."""
     import torch
 
-    from impactrl.build import env_options, make_agent, make_training_env
+    from impactrl.build import env_options, make_agent, make_training_envs
     from impactrl.checkpoint import load_checkpoint
     from impactrl.envs import check_env_id
 
@@ -79,7 +79,7 @@ def validate_train(config: TrainConfig, resume: Path | None):
     check_env_id(config.env)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
-    env = make_training_env(config)
+    env = make_training_envs(config, 1)
     try:
         make_agent(config, env.observation_space, env.action_space)
     finally:

@@ -57,6 +57,9 @@ class TrainConfig:
     """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
 
     # --- environment --------------------------------------------------------------------------
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """How actors step their envs: gymnasium (any id, Python wrappers) or envpool (C++; Atari and
+    classic-control ids; pip install envpool). Evaluation always uses gymnasium."""
     frame_skip: int = 4
     """Atari: action repeat, max-pooling the last two frames."""
     frame_stack: int = 4

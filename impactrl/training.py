@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from impactrl.algos import make_algorithm
-from impactrl.build import make_agent, make_training_env, rollout_spec
+from impactrl.build import make_agent, make_training_envs, rollout_spec
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import SlotStore
 from impactrl.metrics import MetricsWriter
@@ -18,7 +18,7 @@ from impactrl.runtime.learner import Learner, LearnerCounters
 
 def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner, SlotStore]:
     torch.manual_seed(config.seed)
-    env = make_training_env(config)
+    env = make_training_envs(config, 1)
     try:
         agent = make_agent(config, env.observation_space, env.action_space)
         spec = rollout_spec(config, agent, env.observation_space)

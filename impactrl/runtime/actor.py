@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from impactrl.build import make_agent, make_training_env
+from impactrl.build import make_agent, make_training_envs
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import ACTOR_STAGES
 from impactrl.models import Agent, AgentInput
@@ -51,7 +51,7 @@ class RolloutSink(Protocol):
 
 def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int) -> int:
     """Distinct seeds per run seed, actor, env and actor generation (restart or resume)."""
-    return (config.seed * 1_000_003 + generation * 10_007 + actor_id * config.envs_per_actor + env_index) % 2**31
+    return (config.seed * 1_000_003 + generation * 10_007 + actor_id * config.envs_per_actor + env_index) % 2**30
 
 
 class Actor:
@@ -61,14 +61,12 @@ class Actor:
         self.config = config
         self.actor_id = actor_id
         E = config.envs_per_actor
-        self.envs = [make_training_env(config, seed=env_seed(config, actor_id, e, generation)) for e in range(E)]
-        first_obs = [
-            env.reset(seed=env_seed(config, actor_id, e, generation))[0] for e, env in enumerate(self.envs)
-        ]
-        self.agent = make_agent(config, self.envs[0].observation_space, self.envs[0].action_space)
+        self.envs = make_training_envs(config, E, seed=env_seed(config, actor_id, 0, generation))
+        first_obs = self.envs.reset()
+        self.agent = make_agent(config, self.envs.observation_space, self.envs.action_space)
         self.agent.eval()
         head = self.agent.policy_head
-        self.obs = np.stack(first_obs)
+        self.obs = first_obs
         self.first = np.ones(E, dtype=bool)
         self.prev_action = torch.zeros((E, *head.action_shape), dtype=head.action_dtype).numpy()
         self.prev_reward = np.zeros(E, dtype=np.float32)
@@ -93,8 +91,6 @@ class Actor:
         head = self.agent.policy_head
         for i, state in enumerate(self.core_state):
             arrays[f"core_state_{i}"][...] = state.numpy()
-        arrays["episode_return"].fill(np.nan)
-        arrays["episode_length"].fill(0)
         arrays["truncation_value"].fill(0.0)
         for t in range(self.config.unroll_length):
             arrays["obs"][t] = self.obs
@@ -121,29 +117,19 @@ class Actor:
         arrays["prev_reward"][T] = self.prev_reward
 
     def _step_envs(self, t: int, action: np.ndarray, core_state, arrays: dict[str, np.ndarray]) -> None:
-        rewards = arrays["reward"][t]
-        terminated = arrays["terminated"][t]
-        truncated = arrays["truncated"][t]
-        final_obs: dict[int, np.ndarray] = {}
-        for e, env in enumerate(self.envs):
-            obs, reward, term, trunc, info = env.step(action[e])
-            rewards[e] = reward
-            terminated[e] = term
-            truncated[e] = trunc and not term
-            if term or trunc:
-                if "episode" in info:
-                    arrays["episode_return"][t, e] = info["episode"]["r"]
-                    arrays["episode_length"][t, e] = info["episode"]["l"]
-                if truncated[e]:
-                    final_obs[e] = obs
-                obs, _ = env.reset()
-            self.obs[e] = obs
-        if final_obs:
-            self._truncation_values(t, action, final_obs, core_state, arrays)
-        done = terminated | truncated
-        self.first = done.copy()
+        step = self.envs.step(action)
+        arrays["reward"][t] = step.reward
+        arrays["terminated"][t] = step.terminated
+        arrays["truncated"][t] = step.truncated
+        arrays["episode_return"][t] = step.episode_return
+        arrays["episode_length"][t] = step.episode_length
+        self.obs = step.obs
+        if step.final_obs:
+            self._truncation_values(t, action, step.final_obs, core_state, arrays)
+        done = step.terminated | step.truncated
+        self.first = done
         self.prev_action = np.where(done.reshape(-1, *[1] * (action.ndim - 1)), 0, action).astype(action.dtype)
-        self.prev_reward = np.where(done, 0.0, rewards).astype(np.float32)
+        self.prev_reward = np.where(done, 0.0, step.reward).astype(np.float32)
 
     def _truncation_values(self, t, action, final_obs, core_state, arrays) -> None:
         """V(x_final) for the envs a time limit cut: the learner bootstraps from it."""
@@ -155,8 +141,7 @@ class Actor:
             arrays["truncation_value"][t, e] = value[e].item()
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
+        self.envs.close()
 
 
 def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: RolloutSink,
