@@ -5,13 +5,13 @@
 # a venv of its own: RLlib pins gymnasium 1.2.2). RLlib gets as many envs per env runner as
 # impactrl's preset gives each actor (8 CartPole, 32 MinAtar, 8 Pong), and APPO also runs with
 # RLlib's default of one.
-#   bash benchmarks/run.sh [SECONDS] [PARTS]    PARTS: any of "ceiling impactrl rllib time learner" (default all)
+#   bash benchmarks/run.sh [SECONDS] [PARTS]    PARTS: any of "ceiling impactrl rllib central time learner" (default all)
 #   ENVS="ALE/Pong-v5" bash benchmarks/run.sh   only these envs in the throughput part
 # Results are appended to benchmarks/results/*.jsonl; the tables: python benchmarks/summarize.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-90}
-PARTS=${2:-"ceiling impactrl rllib time learner"}
+PARTS=${2:-"ceiling impactrl rllib central time learner"}
 OUT=benchmarks/results
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
@@ -56,6 +56,13 @@ for env in ${ENVS:-CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5}; do
       --seconds "$SECONDS_EACH" | grep "^{" | tail -1 >> "$OUT/throughput.jsonl"
   fi
 done
+
+if wants central; then
+  # SEED-style central inference against impactrl's actor-side inference (envs + policy only).
+  for env in ${ENVS:-CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5}; do
+    $PY benchmarks/central_inference.py --env "$env" --seconds 20 | grep "^{" >> "$OUT/central_inference.jsonl"
+  done
+fi
 
 for seed in 1 2 3; do
   wants time || break

@@ -66,6 +66,18 @@ def envpool_ceiling_table() -> None:
         print(f"| {env} | {cells[0]} | {cells[1]} | |")
 
 
+def central_table() -> None:
+    rows = {(r["env"], r["layout"]): r["env_steps_per_s"] for r in read("central_inference.jsonl")}
+    if not rows:
+        return
+    print("\n| env | actor-side inference (impactrl) | central inference (SEED-style) | central / actor-side |")
+    print("|---|---|---|---|")
+    for env in ENVS:
+        ours, central = rows.get((env, "actor-side")), rows.get((env, "central"))
+        if ours and central:
+            print(f"| {env} | {rate(ours)} | {rate(central)} | {central / ours:.2f}× |")
+
+
 def time_table() -> None:
     times = defaultdict(list)
     for r in read("cartpole_time_to_450.jsonl"):
@@ -114,6 +126,7 @@ def plot(rates: dict[str, dict[str, float]]) -> None:
 def main() -> None:
     rates = throughput_table()
     envpool_ceiling_table()
+    central_table()
     time_table()
     learner_table()
     plot(rates)
