@@ -5,13 +5,15 @@
 # a venv of its own: RLlib pins gymnasium 1.2.2). RLlib gets as many envs per env runner as
 # impactrl's preset gives each actor (8 CartPole, 32 MinAtar, 8 Pong), and APPO also runs with
 # RLlib's default of one.
-#   bash benchmarks/run.sh [SECONDS] [PARTS]    PARTS: any of "ceiling impactrl rllib central time learner" (default all)
+# Sample Factory 2.1.1 (part "sf") gets a venv of its own too (gymnasium 0.29, numpy 1.26, ale-py 0.10
+# for the ROMs); it runs CartPole and Pong (its Atari stack and network; no MinAtar).
+#   bash benchmarks/run.sh [SECONDS] [PARTS]    PARTS: any of "ceiling impactrl rllib sf central time learner" (default all)
 #   ENVS="ALE/Pong-v5" bash benchmarks/run.sh   only these envs in the throughput part
 # Results are appended to benchmarks/results/*.jsonl; the tables: python benchmarks/summarize.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-90}
-PARTS=${2:-"ceiling impactrl rllib central time learner"}
+PARTS=${2:-"ceiling impactrl rllib sf central time learner"}
 OUT=benchmarks/results
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
@@ -25,6 +27,13 @@ if wants rllib && [ ! -x benchmarks/.venv-rllib/bin/python ]; then
   benchmarks/.venv-rllib/bin/pip install -q --no-deps -e .
 fi
 RLLIB=benchmarks/.venv-rllib/bin/python
+if wants sf && [ ! -x benchmarks/.venv-sf/bin/python ]; then
+  python3 -m venv benchmarks/.venv-sf
+  benchmarks/.venv-sf/bin/pip install -q torch==2.13.0
+  benchmarks/.venv-sf/bin/pip install -q "sample-factory==2.1.1" "gymnasium==0.29.1" "numpy<2" opencv-python-headless
+  benchmarks/.venv-sf/bin/pip install -q --no-deps "ale-py==0.10.1"  # ships the ROMs; 0.8 does not
+fi
+SF=benchmarks/.venv-sf/bin/python
 
 if wants ceiling; then
   for backend in gymnasium envpool; do
@@ -55,6 +64,10 @@ for env in ${ENVS:-CartPole-v1 MinAtar/Breakout-v1 ALE/Pong-v5}; do
     $RLLIB benchmarks/rllib_baseline.py --algo APPO --env "$env" --env-runners 2 --envs-per-runner 1 \
       --seconds "$SECONDS_EACH" | grep "^{" | tail -1 >> "$OUT/throughput.jsonl"
   fi
+  if wants sf && [ "$env" != MinAtar/Breakout-v1 ]; then
+    $SF benchmarks/sample_factory_baseline.py --env "$env" --envs-per-worker "${ENVS_PER_WORKER[$env]}" \
+      --seconds "$SECONDS_EACH" | grep "^{" | tail -1 >> "$OUT/throughput.jsonl"
+  fi
 done
 
 if wants central; then
@@ -78,6 +91,10 @@ for seed in 1 2 3; do
   if wants rllib; then
     $RLLIB benchmarks/rllib_baseline.py --algo APPO --env CartPole-v1 --env-runners 2 --envs-per-runner 8 \
       --seconds 400 --target-return 450 | grep "^{" | tail -1 >> "$OUT/cartpole_time_to_450.jsonl"
+  fi
+  if wants sf; then
+    $SF benchmarks/sample_factory_baseline.py --env CartPole-v1 --envs-per-worker 8 --seconds 400 \
+      --target-return 450 | grep "^{" | tail -1 >> "$OUT/cartpole_time_to_450.jsonl"
   fi
 done
 

@@ -22,7 +22,7 @@ def read(name: str) -> list[dict]:
 
 
 def label(record: dict) -> str:
-    if record["system"].startswith("rllib"):
+    if record["system"].startswith(("rllib", "sample-factory")):
         return f"{record['system']}, {'1 env' if record['envs_per_worker'] == 1 else 'matched envs'}"
     return record["system"]
 
