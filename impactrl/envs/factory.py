@@ -176,7 +176,7 @@ def env_family(env_id: str) -> EnvFamily:
     """``"atari"`` for ids whose env is an ale_py ``AtariEnv``, ``"minatar"`` for ``MinAtar/*``,
     ``"classic"`` for any other registered Gymnasium id. Unknown ids raise :class:`UserError`."""
     check_env_id(env_id)
-    spec = _spec(env_id)
+    spec = env_spec(env_id)
     entry_point = spec.entry_point
     if spec.namespace == "MinAtar" or (isinstance(entry_point, str) and entry_point.startswith("minatar")):
         return "minatar"
@@ -187,7 +187,7 @@ def env_family(env_id: str) -> EnvFamily:
     return "classic"
 
 
-def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """The spec of a checked id, also in the ``module:EnvName-v0`` form."""
     return gym.spec(env_id.partition(":")[2] if ":" in env_id else env_id)
 
@@ -325,7 +325,7 @@ def _gym_make(env_id: str, **kwargs: object) -> gym.Env:
 
 def _missing_dependency_message(env_id: str, exc: BaseException) -> str:
     text = _one_line(exc)
-    spec = _spec(env_id)
+    spec = env_spec(env_id)
     where = f"{spec.entry_point} {text}".lower()
     if "mujoco" in where:
         return f"environment {env_id!r} needs MuJoCo: pip install 'gymnasium[mujoco]'"

@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 import gymnasium as gym
 import numpy as np
 
-from impactrl.envs.factory import EnvOptions, _spec, env_family, make_env
+from impactrl.envs.factory import EnvOptions, env_family, env_spec, make_env
 from impactrl.errors import UserError
 
 __all__ = ["EnvBackend", "EnvVector", "VectorStep", "GymnasiumEnvs", "EnvPoolEnvs", "make_env_vector"]
@@ -116,9 +116,9 @@ class EnvPoolEnvs:
     class resets finished envs at once instead (a partial ``reset``), so the actor never acts on
     a terminal observation. EnvPool's own episodic life and reward clipping are off: lives are
     read from ``info["lives"]`` so that a game's return spans all its lives, and the losses clip
-    rewards themselves (``reward_clip``). Differences from :class:`GymnasiumEnvs` on Atari: after
-    a lost life the game goes on after the same no-op step, and episode lengths count the agent's
-    frames without the reset no-ops.
+    rewards themselves (``reward_clip``). A lost life is followed by the no-op step that
+    :class:`EpisodicLife` takes, so both backends give the same frames; the one difference is
+    that Atari episode lengths here count the agent's frames without the reset no-ops.
     """
 
     def __init__(self, env_id: str, options: EnvOptions, num_envs: int, seed: int | None, training: bool = True):
@@ -205,7 +205,7 @@ def envpool_task(env_id: str, options: EnvOptions) -> tuple[str, dict[str, objec
     if options.normalize_reward_gamma is not None:
         raise UserError("--env-backend envpool does not scale rewards; drop --normalize-rewards or use --env-backend gymnasium")
     family = env_family(env_id)
-    spec = _spec(env_id)
+    spec = env_spec(env_id)
     kwargs: dict[str, object] = {}
     if family == "atari":
         if options.noop_max < 1:

@@ -50,7 +50,8 @@ class RolloutSink(Protocol):
 
 
 def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int) -> int:
-    """Distinct seeds per run seed, actor, env and actor generation (restart or resume)."""
+    """Distinct seeds per run seed, actor, env and actor generation (restart or resume). Kept
+    below 2**30 so that an actor's ``seed + env_index`` stays a 32-bit seed (EnvPool's type)."""
     return (config.seed * 1_000_003 + generation * 10_007 + actor_id * config.envs_per_actor + env_index) % 2**30
 
 
