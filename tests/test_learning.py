@@ -26,7 +26,8 @@ def test_cartpole_reaches_450(run_dir: Path, algo: str):
 
 @pytest.mark.slow
 def test_lstm_learns_cartpole_without_velocities(run_dir: Path):
-    """Memory is needed here; the full 1M-step run (≥ 300) is in docs/results.md."""
+    """Memory is needed here; the full 1M-step run (≥ 300) is in docs/results.md. With 400k steps
+    the async runs of one seed ended between 94 and 150; 600k leaves a margin (≈ 230 seen)."""
     run_cli("train", "--env", "impactrl/CartPoleNoVelocity-v1", "--use-lstm", "--lstm-size", "64",
-            "--total-env-steps", "400000", "--seed", "1", "--out", str(run_dir), timeout=900, check=True)
-    assert max(returns(run_dir)) >= 100
+            "--total-env-steps", "600000", "--seed", "1", "--out", str(run_dir), timeout=900, check=True)
+    assert max(returns(run_dir)) >= 120
