@@ -201,7 +201,7 @@ def envpool_task(env_id: str, options: EnvOptions) -> tuple[str, dict[str, objec
     try:
         import envpool
     except ImportError:
-        raise UserError("--env-backend envpool needs EnvPool: pip install envpool (Linux and macOS wheels)") from None
+        raise UserError("--env-backend envpool needs EnvPool: pip install envpool") from None
     if options.normalize_reward_gamma is not None:
         raise UserError("--env-backend envpool does not scale rewards; drop --normalize-rewards or use --env-backend gymnasium")
     family = env_family(env_id)
