@@ -61,9 +61,9 @@ class EnvVector(Protocol):
     def close(self) -> None: ...
 
 
-def _empty_step(num_envs: int) -> tuple[np.ndarray, ...]:
-    return (np.zeros(num_envs, np.float32), np.zeros(num_envs, bool), np.zeros(num_envs, bool),
-            np.full(num_envs, np.nan, np.float32), np.zeros(num_envs, np.int64))
+def _no_episode_records(num_envs: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(episode_return, episode_length)`` for a step in which no game ended."""
+    return np.full(num_envs, np.nan, np.float32), np.zeros(num_envs, np.int64)
 
 
 class GymnasiumEnvs:
@@ -85,7 +85,10 @@ class GymnasiumEnvs:
 
     def step(self, action: np.ndarray) -> VectorStep:
         obs = self._obs
-        reward, terminated, truncated, episode_return, episode_length = _empty_step(self.num_envs)
+        reward = np.zeros(self.num_envs, np.float32)
+        terminated = np.zeros(self.num_envs, bool)
+        truncated = np.zeros(self.num_envs, bool)
+        episode_return, episode_length = _no_episode_records(self.num_envs)
         final_obs: dict[int, np.ndarray] = {}
         for e, env in enumerate(self.envs):
             o, r, term, trunc, info = env.step(action[e])
@@ -133,9 +136,12 @@ class EnvPoolEnvs:
             self.observation_space = self.pool.observation_space
             self.action_space = self.pool.action_space
         self.num_envs = num_envs
-        self._atari = env_family(env_id) == "atari"
-        self._track_lives = self._atari and training and options.episodic_life
-        self._frames_per_step = int(options.frame_skip) if self._atari else 1
+        space = self.action_space
+        # A Gaussian policy samples outside the bounds; clip as make_env's ClipAction does.
+        self._action_bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
+        atari = env_family(env_id) == "atari"
+        self._track_lives = atari and training and options.episodic_life
+        self._frames_per_step = int(options.frame_skip) if atari else 1
         self._returns = np.zeros(num_envs, np.float64)
         self._lengths = np.zeros(num_envs, np.int64)
         self._lives = np.zeros(num_envs, np.int64)
@@ -148,8 +154,8 @@ class EnvPoolEnvs:
         return obs
 
     def step(self, action: np.ndarray) -> VectorStep:
-        if isinstance(self.action_space, gym.spaces.Box):
-            action = np.clip(action, self.action_space.low, self.action_space.high)
+        if self._action_bounds is not None:
+            action = np.clip(action, *self._action_bounds)
         obs, reward, game_over, truncated, info = self.pool.step(action)
         reward = np.asarray(reward, np.float32)
         truncated = truncated & ~game_over
@@ -163,7 +169,7 @@ class EnvPoolEnvs:
             if lost.any():
                 terminated |= lost
                 ended |= self._noop_after_lost_life(np.flatnonzero(lost), obs)
-        _, _, _, episode_return, episode_length = _empty_step(self.num_envs)
+        episode_return, episode_length = _no_episode_records(self.num_envs)
         final_obs = {int(e): obs[e].copy() for e in np.flatnonzero(truncated)}
         if ended.any():
             done = np.flatnonzero(ended)
