@@ -73,6 +73,27 @@ def test_hard_refresh_copies_weights_exactly_and_polyak_moves_by_tau():
 
 
 @pytest.mark.parametrize("scoring", ["use", "insert"])
+def test_target_scores_come_from_the_target_the_scoring_mode_names(scoring):
+    """"use": the current target's policy at every draw (kept between refreshes, not recomputed);
+    "insert": the policy of the target at the time the batch went in, for all K draws."""
+    learner, batches = collect(dataclasses.replace(IMPACT, buffer_batches=1, target_scoring=scoring), slots=1)
+    algorithm = learner.algorithm
+    algorithm.add_batch(batches[0])
+    at_insert = algorithm.target_policy(batches[0])
+    first = algorithm.next_batch()["target_policy"]
+    assert algorithm.next_batch()["target_policy"] is first  # same target: no second forward pass
+    torch.testing.assert_close(first, at_insert, rtol=0, atol=0)
+    with torch.no_grad():
+        for p in learner.agent.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    algorithm.refresh_target()
+    third = algorithm.next_batch()["target_policy"]
+    refreshed = algorithm.target_policy(batches[0])
+    assert not torch.equal(refreshed, at_insert)
+    torch.testing.assert_close(third, refreshed if scoring == "use" else at_insert, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scoring", ["use", "insert"])
 def test_impact_gradients_reach_only_the_online_network(scoring):
     config = dataclasses.replace(IMPACT, target_scoring=scoring, use_kl_loss=True)
     learner, batches = collect(config, slots=1)

@@ -25,6 +25,18 @@ from impactrl.models import Agent
 from impactrl.ops.policy_losses import adaptive_kl_coefficient, impact_surrogate, value_loss
 
 
+class _HeldBatch:
+    """A batch in the circular buffer, with the target network's policy on it and the refresh
+    count of the target that computed it."""
+
+    __slots__ = ("batch", "target_policy", "scored_by")
+
+    def __init__(self, batch: Batch):
+        self.batch = batch
+        self.target_policy: torch.Tensor | None = None
+        self.scored_by = -1
+
+
 class Impact(Algorithm):
     def __init__(self, config: TrainConfig, agent: Agent):
         super().__init__(config, agent)
@@ -42,17 +54,33 @@ class Impact(Algorithm):
         return len(self.buffer) < self.config.buffer_batches
 
     def add_batch(self, batch: Batch) -> None:
+        held = _HeldBatch(batch)
         if self.target is not None and self.config.target_scoring == "insert":
-            batch = {**batch, "target_policy": self.target_policy(batch)}
-        self.buffer.add(batch, num_steps=self.config.steps_per_batch)
+            self._score(held)
+        self.buffer.add(held, num_steps=self.config.steps_per_batch)
 
     def next_batch(self) -> Batch | None:
-        return self.buffer.sample()
+        held = self.buffer.sample()
+        if held is None:
+            return None
+        if self.target is None:
+            return held.batch
+        # Scoring "at each use" means with the target network as it is at that use; a batch
+        # drawn again before the next refresh gets the same scores, so they are kept (with
+        # K = 20 and refreshes every 2·N·K updates, most uses skip the target's forward pass).
+        if held.target_policy is None or (self.config.target_scoring == "use"
+                                          and held.scored_by != self.target_refreshes):
+            self._score(held)
+        return {**held.batch, "target_policy": held.target_policy}
 
     # --- the target network -------------------------------------------------------------------
     @torch.no_grad()
     def target_policy(self, batch: Batch) -> torch.Tensor:
         return agent_outputs(self.target, batch).policy[:-1]
+
+    def _score(self, held: _HeldBatch) -> None:
+        held.target_policy = self.target_policy(held.batch)
+        held.scored_by = self.target_refreshes
 
     @torch.no_grad()
     def refresh_target(self) -> None:

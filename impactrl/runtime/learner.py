@@ -88,13 +88,13 @@ class Learner:
 
     def update(self) -> dict[str, float] | None:
         """One SGD step on the algorithm's next batch; None when it needs fresh data first."""
-        train_batch = self.algorithm.next_batch()
-        if train_batch is None:
-            return None
+        with self.autocast():  # IMPACT's target network may score the batch it draws
+            train_batch = self.algorithm.next_batch()
+            if train_batch is None:
+                return None
+            loss, stats = self.algorithm.loss(train_batch)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
-        with self.autocast():
-            loss, stats = self.algorithm.loss(train_batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)
