@@ -142,9 +142,7 @@ class Impact(Algorithm):
             kl = head.kl(target_policy, policy).mean()
             if c.use_kl_loss:
                 loss = loss + self.kl_coeff * kl
-            kl_value = kl.item()
-            self.kl_sum += kl_value
-            stats["impact/kl_target_online"] = kl_value
+            stats["impact/kl_target_online"] = kl
         stats.update({
             "loss/policy": surrogate,
             "loss/baseline": baseline_loss,
@@ -152,7 +150,10 @@ class Impact(Algorithm):
             "value/mean": values.mean(),
             "value/target_mean": vtrace.vs.mean(),
         })
-        return loss, to_floats(stats)
+        floats = to_floats(stats)  # one device sync for all of them, the KL included
+        if target_policy is not None:
+            self.kl_sum += floats["impact/kl_target_online"]
+        return loss, floats
 
     def state_dict(self) -> dict:
         return {
