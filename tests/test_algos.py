@@ -74,8 +74,8 @@ def test_hard_refresh_copies_weights_exactly_and_polyak_moves_by_tau():
 
 @pytest.mark.parametrize("scoring", ["use", "insert"])
 def test_target_scores_come_from_the_target_the_scoring_mode_names(scoring):
-    """"use": the current target's policy at every draw (kept between refreshes, not recomputed);
-    "insert": the policy of the target at the time the batch went in, for all K draws."""
+    """Scoring at each use gives the current target's policy at every draw (kept between
+    refreshes, not recomputed); at insertion, the policy of the target when the batch went in."""
     learner, batches = collect(dataclasses.replace(IMPACT, buffer_batches=1, target_scoring=scoring), slots=1)
     algorithm = learner.algorithm
     algorithm.add_batch(batches[0])

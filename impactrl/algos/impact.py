@@ -150,7 +150,7 @@ class Impact(Algorithm):
             "value/mean": values.mean(),
             "value/target_mean": vtrace.vs.mean(),
         })
-        floats = to_floats(stats)  # one device sync for all of them, the KL included
+        floats = to_floats(stats)  # the KL with the rest: no sync of its own on an accelerator
         if target_policy is not None:
             self.kl_sum += floats["impact/kl_target_online"]
         return loss, floats
