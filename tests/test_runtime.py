@@ -16,7 +16,7 @@ import yaml
 from conftest import FAST, run_cli
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import DeviceTransfer, RolloutSpec, SlotStore
-from impactrl.runtime.local import SharedRollouts, SharedWeights, actor_process
+from impactrl.runtime.local import SharedRollouts, SharedWeights, StopRequests, actor_process
 from impactrl.training import build_learner
 
 CONTRACT_KEYS = {"env_steps", "learner_updates", "wall_time_s", "episode_return_mean", "episodes",
@@ -204,3 +204,15 @@ def test_bench_reports_throughput_and_where_the_time_goes():
     actor = [summary[f"actor_{stage}_fraction"] for stage in ("env", "inference", "wait")]
     assert all(0 <= share <= 1 for share in actor) and abs(sum(actor) - 1) < 1e-6
     assert 0 <= summary["learner_wait_fraction"] <= 1 and 0 <= summary["learner_train_fraction"] <= 1
+
+
+def test_a_stop_signal_waits_for_the_learner_loop_and_a_second_one_raises():
+    previous = signal.getsignal(signal.SIGTERM)
+    with StopRequests() as stops:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs in this thread at the next bytecode boundary
+        assert stops.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) is previous

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import multiprocessing.synchronize
 import queue
+import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -66,6 +68,9 @@ class SharedRollouts:
         self.slots_per_batch = slots_per_batch
         self.free = ctx.Queue()
         self.full = ctx.Queue()
+        # Slot indices still unsent when the learner exits are worthless (the actors are
+        # stopped by then), so exit does not wait on the free queue's feeder thread.
+        self.free.cancel_join_thread()
         for index in range(store.num_slots):
             self.free.put(index)
         self._gathered: list[int] = []
@@ -125,8 +130,43 @@ def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: 
         raise SystemExit(1)
 
 
+class StopRequests:
+    """Ctrl-C and SIGTERM while the runtime runs, as a flag the learner loop reads between steps.
+
+    Python's default raises KeyboardInterrupt wherever the main thread is, which can be inside
+    a multiprocessing queue's own bookkeeping: the process then hung at exit joining the
+    queue's feeder thread (2 of 13 stops here, one in CI). A second signal raises at once, for
+    a user who will not wait for the current step to end.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
 def run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:
     """Start the actors, run the learner loop here until the step budget is spent, stop them."""
+    with StopRequests() as stops:
+        return _run(config, learner, store, run_dir, writer, stops)
+
+
+def _run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, writer: MetricsWriter,
+         stops: StopRequests) -> LearnerCounters:
     ctx = mp.get_context("spawn")
     weights = SharedWeights(learner.agent, ctx)
     weights.publish(learner.agent, learner.counters.updates)
@@ -142,6 +182,8 @@ def run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, 
         process.start()
 
     def check_health() -> None:
+        if stops.requested:
+            raise KeyboardInterrupt  # here, between learner steps, not inside a queue operation
         try:
             actor_id, trace = errors.get_nowait()
         except queue.Empty:
