@@ -144,8 +144,12 @@ def start_training(run_dir: Path, *args: str, min_updates: int = 1) -> subproces
 
 def test_stopped_run_resumes_with_its_version_and_env_steps(run_dir: Path):
     process = start_training(run_dir, min_updates=40)
-    process.send_signal(signal.SIGTERM)  # what a scheduler sends; Ctrl-C takes the same path
-    _, stderr = process.communicate(timeout=180)
+    try:
+        process.send_signal(signal.SIGTERM)  # what a scheduler sends; Ctrl-C takes the same path
+        _, stderr = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:  # a hung stop must not outlive the test
+            process.kill()
     assert process.returncode == 130, stderr
     before = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
     assert before["env_steps"] > 0 and before["updates"] > 0
