@@ -68,8 +68,8 @@ class Impact(Algorithm):
         # Scoring "at each use" means with the target network as it is at that use; a batch
         # drawn again before the next refresh gets the same scores, so they are kept (with
         # K = 20 and refreshes every 2·N·K updates, most uses skip the target's forward pass).
-        if held.target_policy is None or (self.config.target_scoring == "use"
-                                          and held.scored_by != self.target_refreshes):
+        # Insertion-scored batches were scored in add_batch; an unscored one has scored_by -1.
+        if self.config.target_scoring == "use" and held.scored_by != self.target_refreshes:
             self._score(held)
         return {**held.batch, "target_policy": held.target_policy}
 
