@@ -220,3 +220,24 @@ def test_a_stop_signal_waits_for_the_learner_loop_and_a_second_one_raises():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def hold_weights_lock(weights: SharedWeights, holding) -> None:
+    weights._lock.acquire()
+    holding.set()
+    time.sleep(120)
+
+
+def test_publish_gives_up_on_a_lock_a_killed_actor_held():
+    ctx = mp.get_context("spawn")
+    agent = torch.nn.Linear(2, 2)
+    weights = SharedWeights(agent, ctx)
+    holding = ctx.Event()
+    holder = ctx.Process(target=hold_weights_lock, args=(weights, holding), daemon=True)
+    holder.start()
+    assert holding.wait(60)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(10)
+    began = time.monotonic()
+    weights.publish(agent, 7)  # returns instead of waiting for a lock nobody will release
+    assert time.monotonic() - began < 10 and weights.version() != 7

@@ -46,10 +46,17 @@ class SharedWeights:
         self._lock = ctx.Lock()
 
     def publish(self, agent: Agent, version: int) -> None:
-        with self._lock:
+        # An actor killed while loading holds the lock for good. Giving up on this publish lets
+        # the learner loop reach its health check, which reports the dead actor (it hung here
+        # once in CI); a live actor holds the lock for one memcpy, far below the timeout.
+        if not self._lock.acquire(timeout=1.0):
+            return
+        try:
             for key, value in agent.state_dict().items():
                 self.tensors[key].copy_(value)
             self._version.value = version
+        finally:
+            self._lock.release()
 
     def version(self) -> int:
         return self._version.value
