@@ -18,6 +18,8 @@ import yaml
 
 from impactrl.errors import UserError
 
+EnvBackend = Literal["gymnasium", "envpool"]
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -57,7 +59,7 @@ class TrainConfig:
     """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
 
     # --- environment --------------------------------------------------------------------------
-    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    env_backend: EnvBackend = "gymnasium"
     """How actors step their envs: gymnasium (any id, Python wrappers) or envpool (C++; Atari and
     classic-control ids; pip install envpool). Evaluation always uses gymnasium."""
     frame_skip: int = 4

@@ -20,17 +20,16 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
 
+from impactrl.config import EnvBackend
 from impactrl.envs.factory import EnvOptions, env_family, env_spec, make_env
 from impactrl.errors import UserError
 
 __all__ = ["EnvBackend", "EnvVector", "VectorStep", "GymnasiumEnvs", "EnvPoolEnvs", "make_env_vector"]
-
-EnvBackend = Literal["gymnasium", "envpool"]
 
 # ALE's v5 ids cap a game at 108,000 emulator frames; EnvPool counts agent steps instead.
 ALE_MAX_FRAMES = 108_000
