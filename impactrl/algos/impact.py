@@ -12,6 +12,7 @@ Losses are means over the batch (as RLlib and the author's code), unlike IMPALA'
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -141,7 +142,9 @@ class Impact(Algorithm):
         loss = surrogate + c.baseline_cost * baseline_loss - c.entropy_cost * entropy
         stats: dict = {f"impact/{key}": value for key, value in surrogate_stats.items()}
         if target_policy is not None:
-            with torch.set_grad_enabled(c.use_kl_loss):  # without the KL loss it is only a statistic
+            # Without the KL loss it is only a statistic: no graph (and never grad turned on
+            # inside a caller's no_grad, which set_grad_enabled(True) would do).
+            with contextlib.nullcontext() if c.use_kl_loss else torch.no_grad():
                 kl = head.kl(target_policy, policy).mean()
             if c.use_kl_loss:
                 loss = loss + self.kl_coeff * kl
