@@ -54,4 +54,5 @@ def rollout_spec(config: TrainConfig, agent: Agent, observation_space: gym.Space
         action_shape=tuple(head.action_shape),
         action_dtype=head.action_dtype,
         core_state_shapes=tuple(tuple(s.shape) for s in state),
+        reward_norm=config.normalize_rewards,
     )

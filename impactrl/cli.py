@@ -16,30 +16,42 @@ from pathlib import Path
 from typing import Sequence
 
 import tyro
+import yaml
 
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml
-from impactrl.errors import ActorFailed, UserError
+from impactrl.errors import ActorFailed, TrainingDiverged, UserError
 
 USAGE = """usage: impactrl {train,eval,plot,bench} ...
 
   impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
-  impactrl train --resume RUN_DIR                                      continue a stopped run
+  impactrl train --resume RUN_DIR [--checkpoint NAME]                  continue a stopped run
   impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
   impactrl plot RUN_DIR [RUN_DIR ...] --out curves.png                 learning curves
   impactrl bench --env ALE/Pong-v5 --seconds 60                        throughput and where the time goes
 """
 
 
-def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None]:
-    """Defaults < the algorithm's and env family's presets (or the resumed run's config) < --config FILE.yaml < flags."""
+# Settings a resumed run cannot change: they shape the model, its inputs or the algorithm's state.
+FIXED_ON_RESUME = ("env", "algo", "torso", "hidden_sizes", "use_lstm", "lstm_size", "separate_value_network",
+                   "normalize_observations", "normalize_rewards", "squash_actions", "optimizer", "frame_stack")
+
+
+def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None, str | None]:
+    """Defaults < the algorithm's and env family's presets (or the resumed run's config) < --config FILE.yaml < flags.
+
+    Returns the config, the run directory to resume and the checkpoint named with --checkpoint.
+    """
     from impactrl.envs import check_env_id, env_family
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path)
     pre.add_argument("--resume", type=Path)
+    pre.add_argument("--checkpoint")
     pre.add_argument("--env")
     pre.add_argument("--algo")
     known, rest = pre.parse_known_args(list(argv))
+    if known.checkpoint is not None and known.resume is None:
+        raise UserError("--checkpoint picks the checkpoint of a --resume; add --resume RUN_DIR")
     if known.algo is not None:
         rest += ["--algo", known.algo]
     file_values = load_yaml(known.config) if known.config is not None else {}
@@ -60,12 +72,13 @@ def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None]
     base = dataclasses.replace(TrainConfig(), **coerce(values, "config"))
     if "-h" in rest or "--help" in rest:
         print("  --config FILE.yaml    settings to start from (flags override them)\n"
-              "  --resume RUN_DIR      continue the run in RUN_DIR from its latest checkpoint\n")
+              "  --resume RUN_DIR      continue the run in RUN_DIR from its newest readable checkpoint\n"
+              "  --checkpoint NAME     with --resume: continue from this one instead (e.g. ckpt_0000001200)\n")
     config = tyro.cli(TrainConfig, default=base, args=rest, prog="impactrl train")
-    return config, known.resume
+    return config, known.resume, known.checkpoint
 
 
-def validate_train(config: TrainConfig, resume: Path | None):
+def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: str | None = None):
     """Check everything that can be checked without starting a process; return what was loaded."""
     import torch
 
@@ -87,10 +100,20 @@ def validate_train(config: TrainConfig, resume: Path | None):
     run_dir = config.run_dir()
     checkpoint = None
     if resume is not None:
-        checkpoint = load_checkpoint(run_dir)
+        checkpoint = load_checkpoint(run_dir, checkpoint_name)
+        saved = coerce(yaml.safe_load(checkpoint["config"]), "the checkpoint's config")
+        changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (the run has {saved[name]!r})"
+                   for name in FIXED_ON_RESUME if name in saved and _comparable(getattr(config, name)) != _comparable(saved[name])]
+        if changed:
+            raise UserError(f"--resume {run_dir}: {'; '.join(changed)}: these settings shape the model and cannot "
+                            "change in a resumed run; start a new run with --out instead")
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"--out {run_dir} already holds files; continue it with --resume {run_dir} or pick a new --out")
     return checkpoint
+
+
+def _comparable(value):
+    return list(value) if isinstance(value, (tuple, list)) else value
 
 
 def create_run_dir(run_dir: Path) -> None:
@@ -112,19 +135,29 @@ def create_run_dir(run_dir: Path) -> None:
         raise UserError(f"--out {run_dir} is not writable: {error.strerror or error}") from None
 
 
+def write_config(run_dir: Path, config: TrainConfig) -> None:
+    """``RUN_DIR/config.yaml``, replaced atomically: a crash never leaves half a file."""
+    partial = run_dir / ".config.yaml.partial"
+    partial.write_text(to_yaml(config))
+    partial.replace(run_dir / "config.yaml")
+
+
 def train(argv: Sequence[str]) -> int:
-    config, resume = resolve_train_config(argv)
-    checkpoint = validate_train(config, resume)
-    run_dir = config.run_dir()
-    create_run_dir(run_dir)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
-
-    from impactrl.training import train_local
-
+    config, resume, checkpoint_name = resolve_train_config(argv)
+    checkpoint = validate_train(config, resume, checkpoint_name)
     # A scheduler's SIGTERM stops the run like Ctrl-C: checkpoint first, then exit. (Background
     # jobs of a non-interactive shell ignore SIGINT, so SIGTERM is how such runs are stopped.)
     signal.signal(signal.SIGTERM, interrupt)
-    counters = train_local(config, run_dir, checkpoint)
+
+    from impactrl.training import build_learner, train as run_training
+
+    # Nothing is written before the learner is built and the checkpoint loaded into it: a
+    # command that fails leaves the run directory as it found it.
+    learner, spec = build_learner(config, checkpoint)
+    run_dir = config.run_dir()
+    create_run_dir(run_dir)
+    write_config(run_dir, config)
+    counters = run_training(config, learner, spec, run_dir)
     print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
           f"{counters.wall_time_s:.1f}s; run in {run_dir}")
     return 0
@@ -144,16 +177,17 @@ def bench(argv: Sequence[str]) -> int:
     if not known.seconds > known.warmup_seconds >= 0:
         raise UserError(f"--seconds ({known.seconds}) must exceed --warmup-seconds ({known.warmup_seconds})")
     from impactrl.bench import format_summary, scratch_dir, summarize
-    from impactrl.training import train_local
+    from impactrl.training import build_learner, train as run_training
 
     run_dir = scratch_dir()
-    config, _ = resolve_train_config([*rest, "--out", str(run_dir), "--total-env-steps", str(10**12),
-                                      "--max-wall-time-s", str(known.seconds), "--log-interval-s", "2",
-                                      "--checkpoint-interval-s", str(10**9)])
+    config, _, _ = resolve_train_config([*rest, "--out", str(run_dir), "--total-env-steps", str(10**12),
+                                         "--max-wall-time-s", str(known.seconds), "--log-interval-s", "2",
+                                         "--checkpoint-interval-s", str(10**9)])
     validate_train(config, None)
+    learner, spec = build_learner(config, None)
     create_run_dir(run_dir)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
-    train_local(config, run_dir, None, quiet=True)
+    write_config(run_dir, config)
+    run_training(config, learner, spec, run_dir, quiet=True)
     summary = summarize(run_dir / "metrics.jsonl", known.warmup_seconds)
     print(format_summary(summary, config.env, config.algo))
     print(json.dumps({"env": config.env, "algo": config.algo, "num_actors": config.num_actors,
@@ -214,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except UserError as error:
         print(f"impactrl {argv[0]}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    except ActorFailed as error:
+    except (ActorFailed, TrainingDiverged) as error:
         print(f"impactrl {argv[0]}: {error}\nthe latest checkpoint is kept; continue with --resume", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

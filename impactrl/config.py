@@ -174,10 +174,20 @@ class TrainConfig:
     # --- logging and checkpoints --------------------------------------------------------------
     log_interval_s: float = 5.0
     """Seconds between metrics lines (terminal, metrics.jsonl, TensorBoard)."""
-    checkpoint_interval_s: float = 300.0
-    """Seconds between checkpoints; one is always written at the end."""
+    checkpoint_interval_s: float = 60.0
+    """Seconds between checkpoints (what a hard kill of the learner can lose); one is always written at the end."""
     keep_checkpoints: int = 3
-    """How many checkpoints to keep on disk."""
+    """How many checkpoints to keep on disk (a corrupt newest one falls back to the one before)."""
+
+    # --- faults -------------------------------------------------------------------------------
+    max_actor_restarts: int = 5
+    """Restarts of one actor (after it died or hung) within actor_restart_window_s before the run stops (0 = stop at once)."""
+    actor_restart_window_s: float = 600.0
+    """Seconds over which max_actor_restarts is counted."""
+    actor_stall_timeout_s: float = 60.0
+    """An actor without a heartbeat for this long is killed and restarted; the learner reports waiting this long for data."""
+    max_skipped_updates: int = 10
+    """Updates in a row with a non-finite loss or gradient (each skipped) before the run stops."""
 
     # --- derived values -------------------------------------------------------------------------
     @property
@@ -213,7 +223,7 @@ def problems(config: TrainConfig) -> list[str]:
     found: list[str] = []
     positive = ("total_env_steps", "num_actors", "envs_per_actor", "unroll_length", "batch_size",
                 "lstm_size", "frame_skip", "frame_stack", "keep_checkpoints", "buffer_batches", "buffer_uses",
-                "update_epochs", "num_minibatches")
+                "update_epochs", "num_minibatches", "max_skipped_updates")
     for name in positive:
         value = getattr(config, name)
         if value < 1:
@@ -245,9 +255,12 @@ def problems(config: TrainConfig) -> list[str]:
         found.append(f"learner_threads must be >= 0, got {config.learner_threads}")
     if config.queue_slots < 0:
         found.append(f"queue_slots must be >= 0, got {config.queue_slots}")
-    elif config.queue_slots and config.slots_per_batch >= 1 and config.queue_slots < config.slots_per_batch + 1:
-        found.append(f"queue_slots={config.queue_slots} must be >= {config.slots_per_batch + 1} "
-                     "(one batch plus one slot an actor can write)")
+    elif config.queue_slots and config.slots_per_batch >= 1 and config.queue_slots < max(config.slots_per_batch + 1,
+                                                                                          config.num_actors):
+        found.append(f"queue_slots={config.queue_slots} must be >= {max(config.slots_per_batch + 1, config.num_actors)} "
+                     "(one batch plus one slot an actor can write, and one slot per actor)")
+    if config.max_actor_restarts < 0:
+        found.append(f"max_actor_restarts must be >= 0, got {config.max_actor_restarts}")
     if not 0.0 <= config.discount <= 1.0:
         found.append(f"discount must be in [0, 1], got {config.discount}")
     if not 0.0 <= config.vtrace_lambda <= 1.0:
@@ -259,7 +272,8 @@ def problems(config: TrainConfig) -> list[str]:
     for name in ("baseline_cost", "entropy_cost", "rmsprop_momentum", "noop_max"):
         if getattr(config, name) < 0:
             found.append(f"{name} must be >= 0, got {getattr(config, name)}")
-    for name in ("learning_rate", "rmsprop_eps", "grad_norm_clip", "log_interval_s", "checkpoint_interval_s"):
+    for name in ("learning_rate", "rmsprop_eps", "grad_norm_clip", "log_interval_s", "checkpoint_interval_s",
+                 "actor_restart_window_s", "actor_stall_timeout_s"):
         value = getattr(config, name)
         if not (value > 0 and math.isfinite(value)):
             found.append(f"{name} must be > 0, got {value}")

@@ -10,4 +10,12 @@ class UserError(ValueError):
 
 
 class ActorFailed(RuntimeError):
-    """An actor died during training; the learner checkpointed and stopped."""
+    """An actor failed beyond what restarts can fix; the learner checkpointed and stopped."""
+
+
+class EnvBroken(RuntimeError):
+    """An actor's envs raised on every reset after rebuilds: retrying cannot help."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many updates in a row had a non-finite loss or gradient; the learner checkpointed and stopped."""

@@ -10,13 +10,15 @@ import torch
 from impactrl.algos import make_algorithm
 from impactrl.build import make_agent, make_training_envs, rollout_spec
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import SlotStore
+from impactrl.data.rollout import RolloutSpec
+from impactrl.errors import UserError
 from impactrl.metrics import MetricsWriter
-from impactrl.runtime import local
+from impactrl.runtime import get_runtime
 from impactrl.runtime.learner import Learner, LearnerCounters
 
 
-def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner, SlotStore]:
+def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner, RolloutSpec]:
+    """The learner (restored from ``checkpoint`` if given) and the layout of one actor unroll."""
     torch.manual_seed(config.seed)
     env = make_training_envs(config, 1)
     try:
@@ -28,16 +30,17 @@ def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner
     agent.to(device)
     learner = Learner(config, agent, make_algorithm(config, agent), device)
     if checkpoint is not None:
-        learner.load_state_dict(checkpoint)
-    return learner, SlotStore(spec, config.num_slots, shared=True)
+        try:
+            learner.load_state_dict(checkpoint)
+        except (RuntimeError, KeyError, ValueError, TypeError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UserError(f"the checkpoint does not fit these settings: {reason}") from None
+    return learner, spec
 
 
-def train_local(config: TrainConfig, run_dir: Path, checkpoint: dict | None = None,
-                quiet: bool = False) -> LearnerCounters:
-    torch.set_num_threads(local.learner_threads(config))
-    learner, store = build_learner(config, checkpoint)
+def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, quiet: bool = False) -> LearnerCounters:
     writer = MetricsWriter(run_dir, terminal=None if quiet else sys.stdout)
     try:
-        return local.run(config, learner, store, run_dir, writer)
+        return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer)
     finally:
         writer.close()

@@ -14,10 +14,10 @@ from impactrl.training import build_learner
 
 def collect(config: TrainConfig, slots: int):
     """Batches written by a real Actor stepping real envs with the learner's initial weights."""
-    learner, store = build_learner(config, None)
+    learner, spec = build_learner(config, None)
     actor = Actor(config, actor_id=0)
     actor.agent.load_state_dict(learner.agent.state_dict())
-    local_store = SlotStore(store.spec, num_slots=slots, shared=False)
+    local_store = SlotStore(spec, num_slots=slots, shared=False)
     for slot in range(slots):
         actor.unroll(local_store.slot_arrays(slot))
         local_store.policy_version[slot] = 0

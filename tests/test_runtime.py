@@ -16,7 +16,7 @@ import yaml
 from conftest import FAST, run_cli
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import DeviceTransfer, RolloutSpec, SlotStore
-from impactrl.runtime.local import SharedRollouts, SharedWeights, StopRequests, actor_process
+from impactrl.runtime.local import LocalActors, SharedWeights, StopRequests
 from impactrl.training import build_learner
 
 CONTRACT_KEYS = {"env_steps", "learner_updates", "wall_time_s", "episode_return_mean", "episodes",
@@ -71,39 +71,32 @@ def test_device_transfer_reuses_pinned_buffers_without_overwriting_batches_in_fl
         assert torch.equal(first[key].cpu(), first_cpu[key]) and torch.equal(second[key].cpu(), second_cpu[key])
 
 
-def test_full_queue_makes_actors_wait():
-    """With nobody consuming, an actor fills every slot and then blocks: memory stays bounded."""
+def test_full_slots_make_actors_wait():
+    """With nobody consuming, an actor fills every slot it owns and then blocks: memory stays bounded."""
     config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2, unroll_length=5,
                          queue_slots=3)
-    learner, store = build_learner(config, None)
+    learner, spec = build_learner(config, None)
     ctx = mp.get_context("spawn")
+    store = SlotStore(spec, config.num_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)
     weights.publish(learner.agent, 5)
-    rollouts = SharedRollouts(store, config.slots_per_batch, ctx)
-    stop, errors = ctx.Event(), ctx.Queue()
-    process = ctx.Process(target=actor_process, args=(config, 0, 0, weights, rollouts, stop, errors), daemon=True)
-    process.start()
+    actors = LocalActors(config, learner, store, weights, ctx)
+    actors.start_all()
     try:
-        committed = []
         deadline = time.monotonic() + 60
-        while len(committed) < 3 and time.monotonic() < deadline:
-            try:
-                committed.append(rollouts.full.get(timeout=1.0))
-            except Exception:
-                pass
-        assert sorted(committed) == [0, 1, 2]
+        while len(actors.full) < 3 and time.monotonic() < deadline:
+            actors._receive(1.0)
+        assert sorted(actors.full) == [0, 1, 2]
         time.sleep(2.0)  # the actor is now waiting for a free slot
-        assert rollouts.full.empty() and process.is_alive()
+        actors._receive(0.5)
+        assert len(actors.full) == 3 and actors.actors[0].process.is_alive()
         assert store.policy_version.tolist() == [5, 5, 5]
         # The unroll is consistent: x_T of a slot is x_0 of the next one the same actor wrote.
-        first, second = store.slot_arrays(committed[0]), store.slot_arrays(committed[1])
+        first, second = store.slot_arrays(actors.full[0]), store.slot_arrays(actors.full[1])
         assert (first["obs"][-1] == second["obs"][0]).all()
         assert not torch.isnan(store.data["behaviour_log_prob"]).any()
     finally:
-        stop.set()
-        process.join(timeout=10)
-        if process.is_alive():
-            process.terminate()
+        actors.stop_all()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -172,23 +165,6 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def test_killed_actor_stops_the_run_with_a_checkpoint(run_dir: Path):
-    process = start_training(run_dir)
-    try:
-        # spawn also starts a resource tracker; the actors are the children running spawn_main.
-        actors = [pid for pid in children_of(process.pid)
-                  if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        assert actors, "no actor processes found"
-        os.kill(actors[0], signal.SIGKILL)
-        _, stderr = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 1
-    assert "died with exit code -9" in stderr
-    assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
-
-
 def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
     """Hopper with the PPO MuJoCo preset: Gaussian head, separate critic, obs/reward normalisation."""
     run_cli("train", "--algo", "ppo", "--env", "Hopper-v5", "--unroll-length", "256", "--num-minibatches", "4",
@@ -222,22 +198,42 @@ def test_a_stop_signal_waits_for_the_learner_loop_and_a_second_one_raises():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
-def hold_weights_lock(weights: SharedWeights, holding) -> None:
-    weights._lock.acquire()
-    holding.set()
-    time.sleep(120)
+def load_weights_repeatedly(weights: SharedWeights, loads: int, torn) -> None:
+    agent = torch.nn.Linear(64, 64)
+    for _ in range(loads):
+        version, _ = weights.load_into(agent)
+        values = torch.cat([p.detach().flatten() for p in agent.parameters()]).unique()
+        if values.tolist() != [float(version)]:
+            torn.value = 1
 
 
-def test_publish_gives_up_on_a_lock_a_killed_actor_held():
+def test_weights_are_never_read_half_written_and_a_killed_reader_blocks_nothing():
     ctx = mp.get_context("spawn")
-    agent = torch.nn.Linear(2, 2)
+    agent = torch.nn.Linear(64, 64)
     weights = SharedWeights(agent, ctx)
-    holding = ctx.Event()
-    holder = ctx.Process(target=hold_weights_lock, args=(weights, holding), daemon=True)
-    holder.start()
-    assert holding.wait(60)
-    os.kill(holder.pid, signal.SIGKILL)
-    holder.join(10)
+    torn = ctx.Value("b", 0, lock=False)
+
+    def publish(version: int) -> None:
+        with torch.no_grad():
+            for parameter in agent.parameters():
+                parameter.fill_(float(version))
+        weights.publish(agent, version)
+
+    publish(0)
+    reader = ctx.Process(target=load_weights_repeatedly, args=(weights, 300, torn), daemon=True)
+    reader.start()
+    version = 0
+    while reader.is_alive():
+        version += 1
+        publish(version)
+        time.sleep(0.001)  # a learner publishes once per update: readers copy in between
+    assert reader.exitcode == 0 and not torn.value and version > 10
+    # A reader killed mid-copy holds nothing: the next publish goes through at once.
+    killed = ctx.Process(target=load_weights_repeatedly, args=(weights, 10**9, torn), daemon=True)
+    killed.start()
+    time.sleep(3.0)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.join(10)
     began = time.monotonic()
-    weights.publish(agent, 7)  # returns instead of waiting for a lock nobody will release
-    assert time.monotonic() - began < 10 and weights.version() != 7
+    publish(version + 1)
+    assert time.monotonic() - began < 1.0 and weights.load_into(agent)[0] == version + 1

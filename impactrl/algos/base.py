@@ -77,8 +77,10 @@ class Algorithm(ABC):
         return True
 
     def state_dict(self) -> dict:
-        """Algorithm state beyond the agent and optimiser, saved in checkpoints."""
-        return {}
+        """Algorithm state beyond the agent and optimiser, saved in checkpoints (tensors and plain types)."""
+        return {"pending": self._pending}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        pending = state["pending"]
+        device = next(self.agent.parameters()).device
+        self._pending = None if pending is None else {key: value.to(device) for key, value in pending.items()}

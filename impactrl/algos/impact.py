@@ -165,13 +165,26 @@ class Impact(Algorithm):
         return {
             "target": self.target.state_dict() if self.target is not None else None,
             "kl_coeff": self.kl_coeff,
+            "kl_sum": self.kl_sum,
             "target_refreshes": self.target_refreshes,
             "updates_at_refresh": self.updates_at_refresh,
+            "buffer": self.buffer.state_dict(lambda held: {"batch": held.batch, "target_policy": held.target_policy,
+                                                           "scored_by": held.scored_by}),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        if self.target is not None and state.get("target") is not None:
+        if self.target is not None:
             self.target.load_state_dict(state["target"])
-        self.kl_coeff = state.get("kl_coeff", self.kl_coeff)
-        self.target_refreshes = state.get("target_refreshes", 0)
-        self.updates_at_refresh = state.get("updates_at_refresh", 0)
+        self.kl_coeff = state["kl_coeff"]
+        self.kl_sum = state["kl_sum"]
+        self.target_refreshes = state["target_refreshes"]
+        self.updates_at_refresh = state["updates_at_refresh"]
+        self.buffer.load_state_dict(state["buffer"], self._held_from_state)
+
+    def _held_from_state(self, state: dict) -> _HeldBatch:
+        device = next(self.agent.parameters()).device
+        held = _HeldBatch({key: value.to(device) for key, value in state["batch"].items()})
+        if state["target_policy"] is not None:
+            held.target_policy = state["target_policy"].to(device)
+        held.scored_by = state["scored_by"]
+        return held

@@ -2,12 +2,12 @@
 
 All actors collect one unroll each with the same weights, then wait; the learner computes
 GAE(λ) on the whole batch, takes ``update_epochs`` passes of ``num_minibatches`` shuffled
-minibatches of single steps, and only then publishes the new weights.
+minibatches of single steps, and only then publishes the new weights. The batch's steps are
+kept flat with the index chunks still to train on, so a checkpoint taken between two
+minibatches holds exactly what remains.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 import torch
 
@@ -19,21 +19,19 @@ from impactrl.models import Agent, AgentInput
 from impactrl.ops.gae import generalized_advantage_estimation
 from impactrl.ops.policy_losses import ppo_clipped_surrogate, value_loss
 
-# Per-step fields a minibatch carries (the recurrent inputs are not needed without a core).
-STEP_KEYS = ("obs", "action", "behaviour_log_prob", "advantages", "returns", "old_values")
-
 
 class PPO(Algorithm):
     def __init__(self, config: TrainConfig, agent: Agent):
         super().__init__(config, agent)
-        self.minibatches: deque[Batch] = deque()
+        self.steps: Batch = {}  # the current batch's steps, flat [T * B, ...]
+        self.chunks: list[torch.Tensor] = []  # indices of the minibatches still to train on, in order
         self.generator = torch.Generator().manual_seed(config.seed)
 
     def wants_data(self) -> bool:
-        return not self.minibatches
+        return not self.chunks
 
     def publish_now(self) -> bool:
-        return not self.minibatches
+        return not self.chunks
 
     @torch.no_grad()
     def add_batch(self, batch: Batch) -> None:
@@ -47,15 +45,30 @@ class PPO(Algorithm):
             "behaviour_log_prob": batch["behaviour_log_prob"], "advantages": gae.advantages,
             "returns": gae.returns, "old_values": values[:-1],
         }
-        flat = {key: value.flatten(0, 1) for key, value in steps.items()}
-        count = flat["advantages"].shape[0]
+        self.steps = {key: value.flatten(0, 1) for key, value in steps.items()}
+        count = self.steps["advantages"].shape[0]
         for _ in range(c.update_epochs):
-            order = torch.randperm(count, generator=self.generator).to(flat["advantages"].device)
-            for chunk in order.tensor_split(c.num_minibatches):
-                self.minibatches.append({key: value[chunk] for key, value in flat.items()})
+            order = torch.randperm(count, generator=self.generator).to(self.steps["advantages"].device)
+            self.chunks.extend(order.tensor_split(c.num_minibatches))
+        self.chunks.reverse()  # popped from the end
 
     def next_batch(self) -> Batch | None:
-        return self.minibatches.popleft() if self.minibatches else None
+        if not self.chunks:
+            return None
+        chunk = self.chunks.pop()
+        minibatch = {key: value[chunk] for key, value in self.steps.items()}
+        if not self.chunks:
+            self.steps = {}  # done with it: checkpoints don't carry it
+        return minibatch
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "steps": self.steps, "chunks": list(self.chunks)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        device = next(self.agent.parameters()).device
+        self.steps = {key: value.to(device) for key, value in state["steps"].items()}
+        self.chunks = [chunk.to(device) for chunk in state["chunks"]]
 
     def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.config

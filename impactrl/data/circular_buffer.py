@@ -36,11 +36,10 @@ returned batches are one possible outcome of the random draws)::
     sample()  x3  [C:0 -> gone]         C, C, C    -
     sample()      []                    None       -          (never blocks)
 
-Batches are arbitrary Python objects and are held by reference (not copied). The buffer is not
-checkpointed: it has no ``state_dict``/``load_state_dict``, because the batches are transient
-learner data that is cheaper to re-collect than to save; after a restart the buffer starts
-empty. :meth:`add` and :meth:`sample` take an internal lock, so one thread may add while another
-samples.
+Batches are arbitrary Python objects and are held by reference (not copied). :meth:`state_dict`
+gives the held batches, their uses left, the counters and the RNG state, so a checkpoint restores
+the buffer exactly and its next draws are the same. :meth:`add` and :meth:`sample` take an
+internal lock, so one thread may add while another samples.
 """
 
 from __future__ import annotations
@@ -48,7 +47,9 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+from impactrl.checkpoint import decode_python_rng, encode_python_rng
 
 __all__ = ["CircularBuffer"]
 
@@ -153,6 +154,27 @@ class CircularBuffer:
     def uses_left(self) -> int:
         """Total number of draws still available (Σ uses left over held batches)."""
         return self._uses_left
+
+    def state_dict(self, encode: Callable[[Any], Any] = lambda batch: batch) -> dict[str, Any]:
+        """Everything the buffer's future depends on; ``encode`` turns a held batch into what a
+        checkpoint can hold (tensors and plain types)."""
+        with self._lock:
+            return {
+                "entries": [{"batch": encode(e.batch), "uses_left": e.uses_left, "num_steps": e.num_steps}
+                            for e in self._entries],
+                "rng": encode_python_rng(self._rng.getstate()),
+                "counters": {"total_draws": self.total_draws, "total_added": self.total_added,
+                             "evicted_unused_uses": self.evicted_unused_uses,
+                             "evicted_unused_steps": self.evicted_unused_steps},
+            }
+
+    def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], Any] = lambda batch: batch) -> None:
+        with self._lock:
+            self._entries = deque(_Entry(decode(e["batch"]), e["uses_left"], e["num_steps"]) for e in state["entries"])
+            self._uses_left = sum(e.uses_left for e in self._entries)
+            self._rng.setstate(decode_python_rng(state["rng"]))
+            for key, value in state["counters"].items():
+                setattr(self, key, value)
 
     def stats(self) -> dict[str, int]:
         """Counters for logging: held batches, uses left, draws, additions, evictions."""

@@ -45,6 +45,7 @@ class RolloutSpec:
     action_shape: tuple[int, ...]
     action_dtype: torch.dtype
     core_state_shapes: tuple[tuple[int, ...], ...] = ()
+    reward_norm: bool = False  # slots also carry the envs' reward-normalisation statistics
 
     def fields(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, E = self.unroll_length, self.num_envs
@@ -78,6 +79,20 @@ def sentinel(dtype: torch.dtype) -> float | int | bool:
 # Where an actor's time went while it produced one unroll (seconds), stored per slot.
 ACTOR_STAGES = ("env", "inference", "wait")
 
+# Per env, NormalizeReward's running statistics of the discounted return: mean, var, count.
+REWARD_STATS_SIZE = 3
+
+
+@dataclass
+class UnrollRecord:
+    """What an actor reports with an unroll besides its data (stored as the slot's metadata)."""
+
+    actor_id: int
+    policy_version: int  # version of the behaviour policy μ that acted
+    stage_seconds: dict[str, float]  # the actor's time per ACTOR_STAGES for this unroll
+    env_errors: int = 0  # env faults recovered from (envs rebuilt, unroll dropped) since the last unroll
+    reward_stats: np.ndarray | None = None  # [E, 3] reward-normaliser statistics after the unroll
+
 
 class SlotStore:
     """``num_slots`` preallocated slots, one tensor per field with a leading slot dimension.
@@ -85,7 +100,10 @@ class SlotStore:
     The tensors live in shared memory when ``shared`` is set, so actor processes write into
     them and only slot indices cross process boundaries. Each slot also carries who wrote it:
     ``actor_id``, ``policy_version`` (the behaviour policy's version), ``created_at`` and
-    ``stage_seconds`` (the actor's time in each of ``ACTOR_STAGES`` for this unroll).
+    ``stage_seconds`` (the actor's time in each of ``ACTOR_STAGES`` for this unroll),
+    ``env_errors`` (env faults the actor recovered from since its previous unroll) and, with
+    ``spec.reward_norm``, ``reward_stats`` (``[E, 3]``, the envs' reward normalisers after it),
+    so the learner holds them for checkpoints and restarted actors.
     """
 
     def __init__(self, spec: RolloutSpec, num_slots: int, shared: bool = True):
@@ -98,23 +116,39 @@ class SlotStore:
         self.policy_version = torch.full((num_slots,), -1, dtype=torch.int64)
         self.created_at = torch.full((num_slots,), float("nan"), dtype=torch.float64)
         self.stage_seconds = torch.full((num_slots, len(ACTOR_STAGES)), float("nan"), dtype=torch.float64)
+        self.env_errors = torch.zeros((num_slots,), dtype=torch.int64)
+        self.reward_stats = (torch.full((num_slots, spec.num_envs, REWARD_STATS_SIZE), float("nan"), dtype=torch.float64)
+                             if spec.reward_norm else None)
         if shared:
             for tensor in self.tensors():
                 tensor.share_memory_()
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.data.values(), self.actor_id, self.policy_version, self.created_at, self.stage_seconds]
+        meta = [self.actor_id, self.policy_version, self.created_at, self.stage_seconds, self.env_errors]
+        return [*self.data.values(), *meta, *([self.reward_stats] if self.reward_stats is not None else [])]
 
     def slot_arrays(self, index: int) -> dict[str, np.ndarray]:
         """Writable numpy views of one slot (no copies), for the actor's per-step writes."""
         return {key: tensor[index].numpy() for key, tensor in self.data.items()}
 
+    def record(self, slot: int, record: UnrollRecord, created_at: float) -> None:
+        """Write a committed unroll's metadata into its slot."""
+        self.actor_id[slot] = record.actor_id
+        self.policy_version[slot] = record.policy_version
+        self.created_at[slot] = created_at
+        self.stage_seconds[slot] = torch.tensor([record.stage_seconds[stage] for stage in ACTOR_STAGES])
+        self.env_errors[slot] = record.env_errors
+        if self.reward_stats is not None and record.reward_stats is not None:
+            self.reward_stats[slot] = torch.from_numpy(record.reward_stats)
+
     def gather(self, indices: list[int]) -> tuple[Batch, dict[str, torch.Tensor]]:
         """Copy the given slots into one time-major batch ``[T(+1), len(indices) * E, ...]``.
 
         Returns the batch and the per-unroll metadata (``actor_id``, ``policy_version``,
-        ``created_at``, each of shape ``[len(indices) * E]``, and ``stage_seconds`` per slot,
-        ``[len(indices), len(ACTOR_STAGES)]``). Slots can be reused as soon as this returns.
+        ``created_at``, each of shape ``[len(indices) * E]``; per slot ``slot_actor_id``,
+        ``stage_seconds`` ``[len(indices), len(ACTOR_STAGES)]``, ``env_errors`` and, with
+        ``spec.reward_norm``, ``reward_stats`` ``[len(indices), E, 3]``). Slots can be reused as
+        soon as this returns.
         """
         index = torch.as_tensor(indices, dtype=torch.int64)
         batch: Batch = {}
@@ -130,8 +164,12 @@ class SlotStore:
             "actor_id": self.actor_id.index_select(0, index).repeat_interleave(E),
             "policy_version": self.policy_version.index_select(0, index).repeat_interleave(E),
             "created_at": self.created_at.index_select(0, index).repeat_interleave(E),
+            "slot_actor_id": self.actor_id.index_select(0, index),
             "stage_seconds": self.stage_seconds.index_select(0, index),
+            "env_errors": self.env_errors.index_select(0, index),
         }
+        if self.reward_stats is not None:
+            meta["reward_stats"] = self.reward_stats.index_select(0, index)
         return batch, meta
 
 

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.wrappers import NormalizeReward
 
 from impactrl.config import EnvBackend
 from impactrl.envs.factory import EnvOptions, env_family, env_spec, make_env
@@ -56,6 +57,13 @@ class EnvVector(Protocol):
 
     def step(self, action: np.ndarray) -> VectorStep:
         """Step every env with its action; see the module docstring for what comes back."""
+
+    def reward_stats(self) -> np.ndarray | None:
+        """``[E, 3]`` running mean, var and count of each env's discounted return, as its reward
+        normaliser holds them; None without reward normalisation."""
+
+    def set_reward_stats(self, stats: np.ndarray) -> None:
+        """Start each env's reward normaliser from ``stats`` (as :meth:`reward_stats` returns)."""
 
     def close(self) -> None: ...
 
@@ -106,9 +114,28 @@ class GymnasiumEnvs:
             obs[e] = o
         return VectorStep(obs, reward, terminated, truncated, episode_return, episode_length, final_obs)
 
+    def reward_stats(self) -> np.ndarray | None:
+        normalizers = [_reward_normalizer(env) for env in self.envs]
+        if normalizers[0] is None:
+            return None
+        return np.array([[n.return_rms.mean, n.return_rms.var, n.return_rms.count] for n in normalizers], np.float64)
+
+    def set_reward_stats(self, stats: np.ndarray) -> None:
+        for env, (mean, var, count) in zip(self.envs, stats):
+            normalizer = _reward_normalizer(env)
+            normalizer.return_rms.mean, normalizer.return_rms.var, normalizer.return_rms.count = mean, var, count
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _reward_normalizer(env: gym.Env) -> NormalizeReward | None:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, NormalizeReward):
+            return env
+        env = env.env
+    return None
 
 
 class EnvPoolEnvs:
@@ -195,6 +222,12 @@ class EnvPoolEnvs:
         ended = np.zeros(self.num_envs, bool)
         ended[order] = game_over | truncated
         return ended
+
+    def reward_stats(self) -> np.ndarray | None:
+        return None  # envpool_task refuses reward normalisation
+
+    def set_reward_stats(self, stats: np.ndarray) -> None:
+        raise ValueError("EnvPoolEnvs has no reward normalisation")
 
     def close(self) -> None:
         self.pool.close()

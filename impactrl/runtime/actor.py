@@ -2,18 +2,24 @@
 
 It knows nothing about processes, shared memory or Ray. A runtime hands it two endpoints::
 
-    weights = WeightSource   (learner -> actor: the newest weights and their version)
+    weights = WeightSource   (learner -> actor: the newest weights, their version and publication)
     sink    = RolloutSink    (actor -> learner: a slot to write one unroll into, then commit)
 
 and the loop is::
 
-    load the newest weights (version v)
+    load the newest weights (version v, publication p)
     forever:
-        synchronous (PPO)? wait until weights.version() > the version of the last unroll
+        synchronous (PPO) and the last unroll used publication p? wait for publication p + 1
         slot = sink.acquire()                      # blocks while the learner is behind
-        if weights.version() > v: load them        # only at unroll boundaries
+        if a newer publication exists: load it     # only at unroll boundaries
         write the core state, then T steps of (x_t, a_t, log μ(a_t|x_t), r_t, ...) and x_T
-        sink.commit(slot, version=v)               # the unroll records which μ produced it
+        sink.commit(slot, UnrollRecord(version v, ...))   # which μ produced it, env faults
+        sink.heartbeat()                           # also in every wait: the actor is not hung
+
+An env that raises in ``step`` or ``reset`` is rebuilt (fresh seeds, episodes restarted, reward
+normalisers carried over); the unroll it broke is dropped and its slot reused, and the fault
+travels with the next unroll as ``env_errors``. Envs that cannot be reset ``ENV_RESET_ATTEMPTS``
+times in a row raise :class:`~impactrl.errors.EnvBroken`, which stops the run.
 """
 
 from __future__ import annotations
@@ -26,16 +32,21 @@ import torch
 
 from impactrl.build import make_agent, make_training_envs
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import ACTOR_STAGES
+from impactrl.data.rollout import ACTOR_STAGES, UnrollRecord
+from impactrl.envs import EnvVector
+from impactrl.errors import EnvBroken
 from impactrl.models import Agent, AgentInput
+
+# Rebuilds in a row whose first reset raises before the actor gives up on its envs.
+ENV_RESET_ATTEMPTS = 3
 
 
 class WeightSource(Protocol):
-    def version(self) -> int:
-        """The version of the newest published weights (cheap; called once per unroll)."""
+    def publication(self) -> int:
+        """How many times weights were published (cheap; called once per unroll)."""
 
-    def load_into(self, agent: Agent) -> int:
-        """Copy the newest weights into ``agent`` and return their version."""
+    def load_into(self, agent: Agent) -> tuple[int, int]:
+        """Copy the newest weights into ``agent``; return their version and publication."""
 
 
 class RolloutSink(Protocol):
@@ -45,35 +56,96 @@ class RolloutSink(Protocol):
     def arrays(self, slot: int) -> dict[str, np.ndarray]:
         """Writable arrays of the slot's fields (see ``impactrl.data.rollout``)."""
 
-    def commit(self, slot: int, policy_version: int, stage_seconds: dict[str, float]) -> None:
-        """Hand the written slot to the learner, with where the actor's time went (ACTOR_STAGES)."""
+    def commit(self, slot: int, record: UnrollRecord) -> None:
+        """Hand the written slot to the learner, with what the actor reports about it."""
+
+    def heartbeat(self) -> None:
+        """Tell the runtime this actor is alive and not hung (once per unroll and in every wait)."""
 
 
-def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int) -> int:
-    """Distinct seeds per run seed, actor, env and actor generation (restart or resume). Kept
-    below 2**30 so that an actor's ``seed + env_index`` stays a 32-bit seed (EnvPool's type)."""
-    return (config.seed * 1_000_003 + generation * 10_007 + actor_id * config.envs_per_actor + env_index) % 2**30
+class EnvFailed(Exception):
+    """An env raised in ``step`` or ``reset``; the actor rebuilds its envs."""
+
+
+def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int, rebuild: int = 0) -> int:
+    """Distinct seeds per run seed, actor, env, actor generation (restart or resume) and env
+    rebuild after a fault. Kept below 2**30 so that an actor's ``seed + env_index`` stays a 32-bit
+    seed (EnvPool's type)."""
+    return (config.seed * 1_000_003 + generation * 10_007 + rebuild * 7_919_017
+            + actor_id * config.envs_per_actor + env_index) % 2**30
 
 
 class Actor:
     """One actor: E environments stepped in lockstep, one batched forward pass per step."""
 
-    def __init__(self, config: TrainConfig, actor_id: int, generation: int = 0):
+    def __init__(self, config: TrainConfig, actor_id: int, generation: int = 0,
+                 reward_stats: np.ndarray | None = None):
         self.config = config
         self.actor_id = actor_id
-        E = config.envs_per_actor
-        self.envs = make_training_envs(config, E, seed=env_seed(config, actor_id, 0, generation))
-        first_obs = self.envs.reset()
+        self.generation = generation
+        self.rebuilds = 0
+        self.env_errors = 0  # since the last committed unroll
+        self.envs: EnvVector | None = None
+        self._start_envs(reward_stats)
         self.agent = make_agent(config, self.envs.observation_space, self.envs.action_space)
         self.agent.eval()
+        self._start_episodes()
+        self.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
+        torch.manual_seed(env_seed(config, actor_id, 0, generation))
+
+    def _start_envs(self, reward_stats: np.ndarray | None) -> None:
+        """Build and reset the envs, retrying with fresh seeds; EnvBroken when every attempt fails."""
+        E = self.config.envs_per_actor
+        for attempt in range(ENV_RESET_ATTEMPTS):
+            seed = env_seed(self.config, self.actor_id, 0, self.generation, self.rebuilds)
+            self.rebuilds += 1
+            try:
+                self.envs = make_training_envs(self.config, E, seed=seed)
+                if reward_stats is not None and not np.isnan(reward_stats).any():
+                    self.envs.set_reward_stats(reward_stats)
+                self.obs = self.envs.reset()
+                return
+            except Exception as error:  # noqa: BLE001 - any env fault is retried, then reported
+                self.env_errors += 1
+                self._close_envs()
+                failure = error
+        raise EnvBroken(f"actor {self.actor_id}: {self.config.env} raised on reset {ENV_RESET_ATTEMPTS} times in a row "
+                        f"(last: {type(failure).__name__}: {failure})") from failure
+
+    def _start_episodes(self) -> None:
+        E = self.config.envs_per_actor
         head = self.agent.policy_head
-        self.obs = first_obs
         self.first = np.ones(E, dtype=bool)
         self.prev_action = torch.zeros((E, *head.action_shape), dtype=head.action_dtype).numpy()
         self.prev_reward = np.zeros(E, dtype=np.float32)
         self.core_state = self.agent.initial_state(E)
-        self.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
-        torch.manual_seed(env_seed(config, actor_id, 0, generation))
+
+    def rebuild_envs(self) -> None:
+        """After an env fault: new envs with new seeds, every episode restarted, reward
+        normalisers kept (a broken env may no longer report them; then they start afresh)."""
+        self.env_errors += 1
+        try:
+            reward_stats = self.envs.reward_stats()
+        except Exception:  # noqa: BLE001
+            reward_stats = None
+        self._close_envs()
+        self._start_envs(reward_stats)
+        self._start_episodes()
+
+    def _close_envs(self) -> None:
+        if self.envs is not None:
+            try:
+                self.envs.close()
+            except Exception:  # noqa: BLE001 - a broken env may fail to close; it is dropped anyway
+                pass
+            self.envs = None
+
+    def record(self, policy_version: int) -> UnrollRecord:
+        """What the actor reports with the unroll it just wrote; resets its per-unroll counts."""
+        record = UnrollRecord(self.actor_id, policy_version, self.stage_seconds, self.env_errors,
+                              self.envs.reward_stats())
+        self.env_errors = 0
+        return record
 
     def _forward(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: np.ndarray,
                  first: np.ndarray, core_state: tuple[torch.Tensor, ...]):
@@ -118,7 +190,10 @@ class Actor:
         arrays["prev_reward"][T] = self.prev_reward
 
     def _step_envs(self, t: int, action: np.ndarray, core_state, arrays: dict[str, np.ndarray]) -> None:
-        step = self.envs.step(action)
+        try:
+            step = self.envs.step(action)
+        except Exception as error:  # noqa: BLE001 - any env fault: the actor rebuilds its envs
+            raise EnvFailed(f"{type(error).__name__}: {error}") from error
         arrays["reward"][t] = step.reward
         arrays["terminated"][t] = step.terminated
         arrays["truncated"][t] = step.truncated
@@ -142,32 +217,43 @@ class Actor:
             arrays["truncation_value"][t, e] = value[e].item()
 
     def close(self) -> None:
-        self.envs.close()
+        self._close_envs()
 
 
 def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: RolloutSink,
-              should_stop: Callable[[], bool], generation: int = 0) -> None:
-    """The actor loop, for any runtime: see the module docstring."""
+              should_stop: Callable[[], bool], generation: int = 0, reward_stats: np.ndarray | None = None) -> None:
+    """The actor loop, for any runtime: see the module docstring. ``generation`` makes a
+    restarted or resumed actor's seeds new; ``reward_stats`` restores its reward normalisers."""
     torch.set_num_threads(1)
-    actor = Actor(config, actor_id, generation)
+    actor = Actor(config, actor_id, generation, reward_stats)
     try:
-        version = weights.load_into(actor.agent)
-        last_used = None
+        version, publication = weights.load_into(actor.agent)
+        committed_with = None  # the publication the last committed unroll was acted with
+        slot = None  # kept when an env fault drops an unroll, so the next one reuses it
         while not should_stop():
             began = time.perf_counter()
-            if config.synchronous and last_used is not None:
-                # Synchronous (PPO): the next unroll must come from the weights trained on the last.
-                while weights.version() <= last_used and not should_stop():
-                    time.sleep(0.0005)
-            slot = sink.acquire()
+            # Synchronous (PPO): the next unroll must come from the weights trained on the last.
+            # Waiting for a new publication, not a higher version, cannot hang: every batch ends
+            # in one, even when all its updates were skipped.
+            while config.synchronous and committed_with == weights.publication() and not should_stop():
+                sink.heartbeat()
+                time.sleep(0.0005)
             if slot is None:
-                break
+                slot = sink.acquire()
+                if slot is None:
+                    break
             actor.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
             actor.stage_seconds["wait"] = time.perf_counter() - began
-            if weights.version() > version:
-                version = weights.load_into(actor.agent)
-            actor.unroll(sink.arrays(slot))
-            sink.commit(slot, version, actor.stage_seconds)
-            last_used = version
+            if weights.publication() > publication:
+                version, publication = weights.load_into(actor.agent)
+            try:
+                actor.unroll(sink.arrays(slot))
+            except EnvFailed:
+                actor.rebuild_envs()
+                sink.heartbeat()
+                continue
+            sink.commit(slot, actor.record(version))
+            slot, committed_with = None, publication
+            sink.heartbeat()
     finally:
         actor.close()

@@ -13,7 +13,8 @@ and the loop is::
             batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
             record policy lag (updates - behaviour version) and data age per unroll
             hand the batch to the algorithm (its env steps now count as consumed)
-        one SGD step on algorithm.next_batch(), if it has one
+        one SGD step on algorithm.next_batch(), if it has one (skipped if its loss or
+            gradient is not finite; max_skipped_updates in a row stop the run)
         publish(weights, version = updates) when the algorithm says so
         every log interval: one metrics line; every checkpoint interval: a checkpoint
 """
@@ -24,16 +25,18 @@ import contextlib
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+import numpy as np
 import torch
 
-from impactrl.algos.base import Algorithm, make_optimizer
+from impactrl.algos.base import Algorithm, make_optimizer, to_floats
 from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
-from impactrl.data.rollout import Batch, DeviceTransfer
+from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, DeviceTransfer
+from impactrl.errors import TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import Agent
 
@@ -54,6 +57,10 @@ class LearnerCounters:
     updates: int = 0
     episodes: int = 0
     wall_time_s: float = 0.0
+    actor_restarts: int = 0
+    actor_restarts_by_id: dict[str, int] = field(default_factory=dict)
+    env_errors: int = 0
+    updates_skipped: int = 0
 
 
 class Learner:
@@ -70,6 +77,23 @@ class Learner:
         self.optimizer = make_optimizer(config, agent.parameters())
         self.counters = LearnerCounters()
         self._unseen_obs: list[torch.Tensor] = []
+        self.skipped_in_a_row = 0
+        # Each actor's envs' reward normalisers as of its last consumed unroll: saved in
+        # checkpoints and handed to a restarted or resumed actor.
+        self.reward_stats = (torch.full((config.num_actors, config.envs_per_actor, REWARD_STATS_SIZE), float("nan"),
+                                        dtype=torch.float64) if config.normalize_rewards else None)
+
+    def reward_stats_of(self, actor_id: int) -> np.ndarray | None:
+        if self.reward_stats is None or actor_id >= len(self.reward_stats):
+            return None
+        return self.reward_stats[actor_id].numpy().copy()
+
+    def record_unrolls(self, meta: dict[str, torch.Tensor]) -> None:
+        """Take in what actors reported with a batch's unrolls: env faults, reward normalisers."""
+        self.counters.env_errors += int(meta["env_errors"].sum())
+        if self.reward_stats is not None and "reward_stats" in meta:
+            for actor_id, stats in zip(meta["slot_actor_id"].tolist(), meta["reward_stats"]):  # in commit order
+                self.reward_stats[actor_id] = stats
 
     def learning_rate(self) -> float:
         c = self.config
@@ -98,25 +122,49 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)
-        self.optimizer.step()
-        self.counters.updates += 1
-        stats.update(self.algorithm.after_update(self.counters.updates))
+        checked = to_floats({"loss": loss.detach(), "grad_norm": grad_norm})  # one sync for both
+        if math.isfinite(checked["loss"]) and math.isfinite(checked["grad_norm"]):
+            self.optimizer.step()
+            self.counters.updates += 1
+            self.skipped_in_a_row = 0
+            stats.update(self.algorithm.after_update(self.counters.updates))
+            stats["optim/grad_norm"] = checked["grad_norm"]
+            stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        else:
+            stats = self._skip(train_batch, checked)
         if self._unseen_obs and self.algorithm.wants_data():
             # Observation statistics move only once the algorithm is done with its data, just
             # before the weights are published: the learner trains with the statistics the
             # actors used (PPO's first ratio is exactly 1), and both move together.
             self.agent.obs_norm.update(torch.cat(self._unseen_obs))
             self._unseen_obs.clear()
-        stats["optim/grad_norm"] = float(grad_norm)
-        stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         return stats
 
+    def _skip(self, batch: Batch, checked: dict[str, float]) -> dict[str, float]:
+        """Drop a non-finite update (weights and optimiser untouched); too many in a row raise."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.counters.updates_skipped += 1
+        self.skipped_in_a_row += 1
+        if self.skipped_in_a_row < self.config.max_skipped_updates:
+            return {}
+        bad_inputs = [key for key, value in batch.items() if value.is_floating_point() and not torch.isfinite(value).all()]
+        found = (f"; the last batch held non-finite values in {', '.join(bad_inputs)}: check the env"
+                 if bad_inputs else "")
+        raise TrainingDiverged(
+            f"{self.skipped_in_a_row} learner updates in a row had a non-finite loss or gradient (last: loss "
+            f"{checked['loss']}, gradient norm {checked['grad_norm']}) and were skipped{found}. The checkpoint holds "
+            "the weights from before the first of them. Lower --learning-rate, lower --grad-norm-clip, or scale the "
+            "rewards (--reward-clip abs_one, --normalize-rewards); --max-skipped-updates sets how many are tolerated")
+
     def state_dict(self) -> dict:
+        """Everything the run's future depends on, as tensors and plain types (``weights_only`` loads it)."""
         return {
             "agent": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "algorithm": self.algorithm.state_dict(),
             "learner": asdict(self.counters),
+            "unseen_obs": list(self._unseen_obs),
+            "reward_stats": self.reward_stats,
             "rng": rng_states(),
             "config": to_yaml(self.config),
         }
@@ -124,8 +172,14 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.algorithm.load_state_dict(state.get("algorithm", {}))
+        self.algorithm.load_state_dict(state["algorithm"])
         self.counters = LearnerCounters(**state["learner"])
+        self._unseen_obs = [obs.to(self.device) for obs in state["unseen_obs"]]
+        saved = state["reward_stats"]
+        if self.reward_stats is not None and saved is not None:
+            # The actor count may differ on resume: actors beyond the saved ones start afresh.
+            shared = min(len(saved), len(self.reward_stats))
+            self.reward_stats[:shared] = saved[:shared]
         restore_rng_states(state["rng"])
 
 
@@ -152,10 +206,15 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
             "wall_time_s": round(counters.wall_time_s, 3),
             "env_steps_per_s": (counters.env_steps - steps_at_last_log) / max(now - last_log, 1e-9),
             "episodes_total": counters.episodes,
+            "actor_restarts": counters.actor_restarts,
+            "env_errors": counters.env_errors,
+            "updates_skipped": counters.updates_skipped,
             **summary,
             "time/learner_wait_fraction": waited / max(now - last_log, 1e-9),
             "time/learner_train_fraction": trained / max(now - last_log, 1e-9),
         }
+        for actor_id, restarts in counters.actor_restarts_by_id.items():
+            record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
         writer.write(record)
         interval.reset()
         last_log, steps_at_last_log, waited, trained = now, counters.env_steps, 0.0, 0.0
@@ -184,6 +243,7 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                 interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
                 interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
                                      (time.time() - meta["created_at"]).numpy(), meta["stage_seconds"].numpy())
+                learner.record_unrolls(meta)
                 learner.add(batch)
             began = time.monotonic()
             stats = learner.update()

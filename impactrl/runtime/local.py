@@ -2,22 +2,34 @@
 
 Data flow (the only channels there are)::
 
-    actor --(slot index, full queue)--> learner       unroll data stays in shared SlotStore
-    learner --(slot index, free queue)--> actors      a slot is free again once gathered
-    learner --(SharedWeights + version)--> actors     read at unroll boundaries
+    actor i --(slot index, its commit pipe)--> learner        unroll data stays in the SlotStore
+    learner --(slot index, actor i's return pipe)--> actor i  the slot is free again once gathered
+    learner --(SharedWeights, a seqlock)--> actors            read at unroll boundaries
+    actor i --(heartbeat time, shared array)--> learner       read by the supervisor
 
-Only slot indices cross process boundaries. The free queue bounds memory: when the learner
-falls behind, no slot is free and actors wait in ``acquire``.
+Every slot belongs to one actor (slot s to actor s mod A): memory is bounded per actor, and
+when an actor dies the learner knows which slots it held. Each pipe has one writer and one
+reader and every message is one atomic pipe write, so no lock exists that a killed process could
+take with it (an ``mp.Queue`` reader blocks holding one, and a SIGKILL there deadlocked every
+other actor). The supervisor restarts an actor that died or stopped sending heartbeats, with a
+new generation of seeds, the latest weights and its reward normalisers, and gives it back the
+slots it held; a budget of restarts per actor and time window stops a run that keeps failing.
+Actors exit when the learner process disappears (parent-death signal on Linux, a parent check
+everywhere), so a SIGKILLed learner leaves no processes behind.
 """
 
 from __future__ import annotations
 
-import multiprocessing.synchronize
-import queue
+import ctypes
+import os
 import signal
+import sys
 import threading
 import time
 import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +37,8 @@ import torch
 import torch.multiprocessing as mp
 
 from impactrl.config import TrainConfig
-from impactrl.errors import ActorFailed
-from impactrl.data.rollout import ACTOR_STAGES, SlotStore
+from impactrl.data.rollout import RolloutSpec, SlotStore, UnrollRecord
+from impactrl.errors import ActorFailed, EnvBroken
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
@@ -34,107 +46,279 @@ from impactrl.runtime.learner import Learner, LearnerCounters, run_learner
 
 
 class SharedWeights:
-    """Learner -> actors: one shared copy of the agent's state dict and its version number.
+    """Learner -> actors: one shared copy of the agent's state dict, its version and a publication count.
 
-    A lock keeps an actor from loading a half-written copy; both sides only hold it for a
-    memcpy of the weights.
+    A seqlock instead of a lock: the learner makes the sequence odd, copies, makes it even; an
+    actor copies and keeps the copy only if the sequence was even and unchanged around it. A
+    killed actor therefore can never block a publish, and a publish is never dropped. An actor
+    needs one gap between publishes longer than its copy (microseconds for these models; the
+    learner publishes at most once per SGD step).
     """
 
     def __init__(self, agent: Agent, ctx: mp.context.BaseContext):
         self.tensors = {key: value.detach().cpu().clone().share_memory_() for key, value in agent.state_dict().items()}
         self._version = ctx.Value("q", -1, lock=False)
-        self._lock = ctx.Lock()
+        self._sequence = ctx.Value("q", 0, lock=False)  # publications = sequence // 2
 
     def publish(self, agent: Agent, version: int) -> None:
-        # An actor killed while loading holds the lock for good. Giving up on this publish lets
-        # the learner loop reach its health check, which reports the dead actor (it hung here
-        # once in CI); a live actor holds the lock for one memcpy, far below the timeout.
-        if not self._lock.acquire(timeout=1.0):
-            return
-        try:
-            for key, value in agent.state_dict().items():
-                self.tensors[key].copy_(value)
-            self._version.value = version
-        finally:
-            self._lock.release()
+        self._sequence.value += 1
+        for key, value in agent.state_dict().items():
+            self.tensors[key].copy_(value)
+        self._version.value = version
+        self._sequence.value += 1
 
-    def version(self) -> int:
-        return self._version.value
+    def publication(self) -> int:
+        return self._sequence.value // 2
 
-    def load_into(self, agent: Agent) -> int:
-        with self._lock:
-            agent.load_state_dict(self.tensors)
-            return self._version.value
-
-
-class SharedRollouts:
-    """The slot store plus its free and full index queues."""
-
-    def __init__(self, store: SlotStore, slots_per_batch: int, ctx: mp.context.BaseContext):
-        self.store = store
-        self.slots_per_batch = slots_per_batch
-        self.free = ctx.Queue()
-        self.full = ctx.Queue()
-        # Slot indices still unsent when the learner exits are worthless (the actors are
-        # stopped by then), so exit does not wait on the free queue's feeder thread.
-        self.free.cancel_join_thread()
-        for index in range(store.num_slots):
-            self.free.put(index)
-        self._gathered: list[int] = []
-
-    def next_batch(self, timeout_s: float):
-        """Learner side: wait for ``slots_per_batch`` written slots, copy them out, free them."""
-        deadline = time.monotonic() + timeout_s
-        while len(self._gathered) < self.slots_per_batch:
-            try:
-                self._gathered.append(self.full.get(timeout=max(deadline - time.monotonic(), 1e-3)))
-            except queue.Empty:
-                return None
-        indices, self._gathered = self._gathered, []
-        batch = self.store.gather(indices)
-        for index in indices:
-            self.free.put(index)
-        return batch
+    def load_into(self, agent: Agent) -> tuple[int, int]:
+        """The newest weights into ``agent`` (waiting for the first publish); (version, publication)."""
+        while True:
+            before = self._sequence.value
+            if before and before % 2 == 0:
+                version = self._version.value
+                agent.load_state_dict(self.tensors)
+                if self._sequence.value == before:
+                    return version, before // 2
+            time.sleep(0.001)
 
 
 class ActorEndpoint:
-    """Actor side of SharedRollouts (the RolloutSink of one actor)."""
+    """Actor side of the runtime: the actor's own slots, its pipes and its heartbeat."""
 
-    def __init__(self, rollouts: SharedRollouts, actor_id: int, stop: multiprocessing.synchronize.Event):
-        self.rollouts = rollouts
+    def __init__(self, store: SlotStore, actor_id: int, free_slots: list[int], returns: Connection,
+                 commits: Connection, heartbeats: torch.Tensor, should_stop):
+        self.store = store
         self.actor_id = actor_id
-        self.stop = stop
+        self.free = deque(free_slots)
+        self.returns = returns
+        self.commits = commits
+        self.heartbeats = heartbeats.numpy()
+        self.should_stop = should_stop
 
     def acquire(self) -> int | None:
-        while not self.stop.is_set():
+        while not self.free:
+            self.heartbeat()
+            if self.should_stop():
+                return None
             try:
-                return self.rollouts.free.get(timeout=0.5)
-            except queue.Empty:
-                continue
-        return None
+                if self.returns.poll(0.5):
+                    self.free.append(self.returns.recv())
+            except EOFError:  # the learner is gone
+                return None
+        return self.free.popleft()
 
     def arrays(self, slot: int) -> dict[str, np.ndarray]:
-        return self.rollouts.store.slot_arrays(slot)
+        return self.store.slot_arrays(slot)
 
-    def commit(self, slot: int, policy_version: int, stage_seconds: dict[str, float]) -> None:
-        store = self.rollouts.store
-        store.actor_id[slot] = self.actor_id
-        store.policy_version[slot] = policy_version
-        store.created_at[slot] = time.time()
-        store.stage_seconds[slot] = torch.tensor([stage_seconds[stage] for stage in ACTOR_STAGES])
-        self.rollouts.full.put(slot)
+    def commit(self, slot: int, record: UnrollRecord) -> None:
+        self.store.record(slot, record, created_at=time.time())
+        self.commits.send(slot)
+
+    def heartbeat(self) -> None:
+        self.heartbeats[self.actor_id] = time.monotonic()
 
 
-def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: SharedWeights,
-                  rollouts: SharedRollouts, stop, errors) -> None:
+def exit_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel SIGKILLs this process when its parent dies (a SIGKILLed learner runs no
+    cleanup of its own). Elsewhere the actor's parent check has to do."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before the signal was armed
+        os._exit(0)
+
+
+def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: SharedWeights, store: SlotStore,
+                  free_slots: list[int], returns: Connection, commits: Connection, heartbeats: torch.Tensor,
+                  stop, reward_stats: np.ndarray | None, parent_pid: int) -> None:
+    exit_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the learner, which stops the actors
+
+    def should_stop() -> bool:
+        return bool(stop.value) or os.getppid() != parent_pid
+
     try:
-        endpoint = ActorEndpoint(rollouts, actor_id, stop)
-        run_actor(config, actor_id, weights, endpoint, stop.is_set, generation)
-    except KeyboardInterrupt:
-        pass
-    except BaseException:
-        errors.put((actor_id, traceback.format_exc()))
+        endpoint = ActorEndpoint(store, actor_id, free_slots, returns, commits, heartbeats, should_stop)
+        run_actor(config, actor_id, weights, endpoint, should_stop, generation, reward_stats)
+    except BaseException as error:
+        try:
+            commits.send(("error", isinstance(error, EnvBroken), traceback.format_exc()))
+        except OSError:
+            pass
         raise SystemExit(1)
+
+
+@dataclass
+class ActorHandle:
+    """The learner's view of one actor: its process, pipes, slots and failure history."""
+
+    actor_id: int
+    slots: list[int]
+    held: set[int] = field(default_factory=set)  # its committed slots the learner has not freed yet
+    process: mp.Process | None = None
+    commits: Connection | None = None
+    returns: Connection | None = None
+    generation: int = -1
+    restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
+    last_error: str | None = None
+    fatal: bool = False
+
+
+class LocalActors:
+    """Actor processes and their channels: the learner's BatchSource, and their supervisor."""
+
+    def __init__(self, config: TrainConfig, learner: Learner, store: SlotStore, weights: SharedWeights,
+                 ctx: mp.context.BaseContext):
+        self.config = config
+        self.learner = learner
+        self.store = store
+        self.weights = weights
+        self.ctx = ctx
+        self.stop = ctx.Value("b", 0, lock=False)
+        self.heartbeats = torch.zeros(config.num_actors, dtype=torch.float64).share_memory_()
+        self.actors = [ActorHandle(i, list(range(i, store.num_slots, config.num_actors)))
+                       for i in range(config.num_actors)]
+        self.full: deque[int] = deque()
+        self.waited_s = 0.0  # in next_batch since the last batch
+        self.wait_reported = False
+
+    # --- processes ----------------------------------------------------------------------------
+    def start(self, actor: ActorHandle) -> None:
+        counters = self.learner.counters
+        actor.generation = max(counters.updates, actor.generation + 1)
+        returns_reader, actor.returns = self.ctx.Pipe(duplex=False)
+        actor.commits, commits_writer = self.ctx.Pipe(duplex=False)
+        free = [slot for slot in actor.slots if slot not in actor.held]
+        # Until its first heartbeat an actor gets twice the timeout, for imports and env start-up.
+        self.heartbeats[actor.actor_id] = time.monotonic() + self.config.actor_stall_timeout_s
+        actor.process = self.ctx.Process(
+            target=actor_process, name=f"impactrl-actor-{actor.actor_id}", daemon=True,
+            args=(self.config, actor.actor_id, actor.generation, self.weights, self.store, free, returns_reader,
+                  commits_writer, self.heartbeats, self.stop, self.learner.reward_stats_of(actor.actor_id), os.getpid()))
+        actor.process.start()
+        # Only the actor keeps these ends: its death closes the commit pipe, ours its return pipe.
+        returns_reader.close()
+        commits_writer.close()
+
+    def start_all(self) -> None:
+        for actor in self.actors:
+            self.start(actor)
+
+    def stop_all(self) -> None:
+        self.stop.value = 1
+        deadline = time.monotonic() + 10.0
+        for actor in self.actors:
+            if actor.process is None:
+                continue
+            actor.process.join(timeout=max(deadline - time.monotonic(), 0.1))
+            if actor.process.is_alive():
+                actor.process.kill()
+                actor.process.join(timeout=2.0)
+            self._close_pipes(actor)
+
+    @staticmethod
+    def _close_pipes(actor: ActorHandle) -> None:
+        for connection in (actor.commits, actor.returns):
+            if connection is not None:
+                connection.close()
+        actor.commits = actor.returns = None
+
+    # --- the supervisor -----------------------------------------------------------------------
+    def check_health(self) -> None:
+        """Restart actors that died or hung; ActorFailed when one cannot go on."""
+        now = time.monotonic()
+        for actor in self.actors:
+            if not actor.process.is_alive():
+                self._drain(actor)  # what it sent before dying: committed slots, its traceback
+                self._restart(actor, f"died with exit code {actor.process.exitcode}")
+            elif now - self.heartbeats[actor.actor_id].item() > self.config.actor_stall_timeout_s:
+                actor.process.kill()
+                actor.process.join(timeout=5.0)
+                self._drain(actor)
+                actor.last_error = None
+                self._restart(actor, f"sent no heartbeat for {self.config.actor_stall_timeout_s:g} s (hung)")
+
+    def _restart(self, actor: ActorHandle, reason: str) -> None:
+        config, counters = self.config, self.learner.counters
+        trace = f"\n{actor.last_error.rstrip()}" if actor.last_error else ""
+        if actor.fatal:
+            raise ActorFailed(f"actor {actor.actor_id} {reason}:{trace}")
+        now = time.monotonic()
+        while actor.restarts and now - actor.restarts[0] > config.actor_restart_window_s:
+            actor.restarts.popleft()
+        if len(actor.restarts) >= config.max_actor_restarts:
+            raise ActorFailed(f"actor {actor.actor_id} {reason}, after {len(actor.restarts)} restarts in the last "
+                              f"{config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
+                              f"--actor-restart-window-s {config.actor_restart_window_s:g}); its last failure:{trace}")
+        actor.restarts.append(now)
+        counters.actor_restarts += 1
+        counters.actor_restarts_by_id[str(actor.actor_id)] = counters.actor_restarts_by_id.get(str(actor.actor_id), 0) + 1
+        last_line = actor.last_error.strip().splitlines()[-1] if actor.last_error else ""
+        print(f"impactrl: actor {actor.actor_id} {reason}{': ' + last_line if last_line else ''}; restarting it "
+              f"with the latest weights ({len(actor.restarts)} of {config.max_actor_restarts} restarts allowed in "
+              f"{config.actor_restart_window_s:g} s)", file=sys.stderr, flush=True)
+        self._close_pipes(actor)
+        actor.last_error = None
+        self.start(actor)
+
+    # --- BatchSource --------------------------------------------------------------------------
+    def _drain(self, actor: ActorHandle) -> None:
+        """Read every message the actor has sent: committed slots, or a failure report."""
+        connection = actor.commits
+        try:
+            while connection is not None and connection.poll():
+                message = connection.recv()
+                if isinstance(message, tuple):
+                    _, actor.fatal, actor.last_error = message
+                else:
+                    actor.held.add(message)
+                    self.full.append(message)
+        except (EOFError, OSError):
+            pass  # it is gone; check_health restarts it
+
+    def _receive(self, timeout_s: float) -> None:
+        live = {actor.commits: actor for actor in self.actors if actor.commits is not None and not actor.commits.closed}
+        if not live:
+            time.sleep(min(timeout_s, 0.05))
+            return
+        for connection in wait(list(live), timeout=timeout_s):
+            self._drain(live[connection])
+
+    def next_batch(self, timeout_s: float):
+        """Learner side: wait for ``slots_per_batch`` written slots, copy them out, free them."""
+        began = time.monotonic()
+        needed = self.config.slots_per_batch
+        self._receive(0.0)
+        while len(self.full) < needed:
+            remaining = began + timeout_s - time.monotonic()
+            if remaining <= 0:
+                self.waited_s += time.monotonic() - began
+                self._report_long_wait()
+                return None
+            self._receive(remaining)
+        indices = [self.full.popleft() for _ in range(needed)]
+        batch = self.store.gather(indices)
+        for slot in indices:
+            self._free(slot)
+        self.waited_s, self.wait_reported = 0.0, False
+        return batch
+
+    def _free(self, slot: int) -> None:
+        owner = self.actors[slot % self.config.num_actors]
+        owner.held.discard(slot)
+        try:
+            owner.returns.send(slot)
+        except (AttributeError, OSError):
+            pass  # the owner died: its next generation starts with every slot the learner does not hold
+
+    def _report_long_wait(self) -> None:
+        if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
+            self.wait_reported = True
+            alive = sum(actor.process.is_alive() for actor in self.actors)
+            print(f"impactrl: the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
+                  f"{self.config.slots_per_batch} unrolls ready, {alive} of {len(self.actors)} actors alive)",
+                  file=sys.stderr, flush=True)
 
 
 class StopRequests:
@@ -166,51 +350,24 @@ class StopRequests:
         self.requested = True
 
 
-def run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:
+def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:
     """Start the actors, run the learner loop here until the step budget is spent, stop them."""
-    with StopRequests() as stops:
-        return _run(config, learner, store, run_dir, writer, stops)
-
-
-def _run(config: TrainConfig, learner: Learner, store: SlotStore, run_dir: Path, writer: MetricsWriter,
-         stops: StopRequests) -> LearnerCounters:
+    torch.set_num_threads(learner_threads(config))
     ctx = mp.get_context("spawn")
-    weights = SharedWeights(learner.agent, ctx)
-    weights.publish(learner.agent, learner.counters.updates)
-    rollouts = SharedRollouts(store, config.slots_per_batch, ctx)
-    stop, errors = ctx.Event(), ctx.Queue()
-    generation = learner.counters.updates
-    actors = [
-        ctx.Process(target=actor_process, name=f"impactrl-actor-{i}", daemon=True,
-                    args=(config, i, generation, weights, rollouts, stop, errors))
-        for i in range(config.num_actors)
-    ]
-    for process in actors:
-        process.start()
+    store = SlotStore(spec, config.num_slots, shared=True)
+    weights = SharedWeights(learner.agent, ctx)  # actors wait for run_learner's first publish
+    actors = LocalActors(config, learner, store, weights, ctx)
+    with StopRequests() as stops:
+        def check_health() -> None:
+            if stops.requested:
+                raise KeyboardInterrupt  # here, between learner steps, not inside a pipe operation
+            actors.check_health()
 
-    def check_health() -> None:
-        if stops.requested:
-            raise KeyboardInterrupt  # here, between learner steps, not inside a queue operation
+        actors.start_all()
         try:
-            actor_id, trace = errors.get_nowait()
-        except queue.Empty:
-            pass
-        else:
-            raise ActorFailed(f"actor {actor_id} failed:\n{trace}")
-        for i, process in enumerate(actors):
-            if not process.is_alive():
-                raise ActorFailed(f"actor {i} (pid {process.pid}) died with exit code {process.exitcode}")
-
-    try:
-        return run_learner(learner, rollouts, weights, run_dir, writer, check_health)
-    finally:
-        stop.set()
-        deadline = time.monotonic() + 10.0
-        for process in actors:
-            process.join(timeout=max(deadline - time.monotonic(), 0.1))
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=2.0)
+            return run_learner(learner, actors, weights, run_dir, writer, check_health)
+        finally:
+            actors.stop_all()
 
 
 def learner_threads(config: TrainConfig) -> int:

@@ -1,0 +1,168 @@
+"""Faults, really caused: killed and hung actors, failing envs, NaN losses, a killed learner,
+a corrupt checkpoint, a resume that fails. The envs that misbehave are in ``faultenvs.py``."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FAST, run_cli
+from test_runtime import children_of, read_metrics, start_training
+
+TESTS = str(Path(__file__).parent)
+
+
+def run_faulty(run_dir: Path, env: str, *args: str, timeout: float = 300, markers: Path | None = None):
+    extra = {"IMPACTRL_TEST_MARKERS": str(markers)} if markers is not None else {}
+    os.environ.update(extra)
+    try:
+        return run_cli("train", "--env", f"faultenvs:{env}", "--out", str(run_dir), *FAST, *args, timeout=timeout,
+                       extra_path=TESTS)
+    finally:
+        for key in extra:
+            os.environ.pop(key)
+
+
+def actor_pids(pid: int) -> list[int]:
+    # spawn also starts a resource tracker; the actors are the children running spawn_main.
+    return [child for child in children_of(pid) if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "150000", "--out", str(run_dir), *FAST],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        victims = actor_pids(process.pid)
+        assert victims, "no actor processes found"
+        os.kill(victims[0], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr[-3000:]
+    assert "died with exit code -9" in stderr and "restarting it" in stderr
+    last = read_metrics(run_dir)[-1]
+    assert last["env_steps"] >= 150000 and last["actor_restarts"] >= 1
+    assert sum(actor.get("restarts", 0) for actor in last["actor"].values()) == last["actor_restarts"]
+
+
+def test_env_errors_are_survived_and_counted(run_dir: Path):
+    result = run_faulty(run_dir, "RaisingCartPole-v0", "--total-env-steps", "30000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = read_metrics(run_dir)[-1]
+    assert last["env_steps"] >= 30000 and last["env_errors"] >= 5 and last["actor_restarts"] == 0
+
+
+def test_an_env_that_cannot_reset_stops_the_run_with_a_clear_message(run_dir: Path):
+    result = run_faulty(run_dir, "BrokenResetCartPole-v0", "--total-env-steps", "30000")
+    assert result.returncode == 1
+    assert "raised on reset 3 times in a row" in result.stderr and "this env cannot be reset" in result.stderr
+
+
+def test_an_actor_that_keeps_dying_exhausts_its_restart_budget(run_dir: Path):
+    result = run_faulty(run_dir, "CrashingCartPole-v0", "--total-env-steps", "10000000", "--max-actor-restarts", "2")
+    assert result.returncode == 1
+    assert "after 2 restarts in the last 600 s" in result.stderr and "--max-actor-restarts" in result.stderr
+    assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
+
+
+def test_a_hung_actor_is_killed_and_restarted(run_dir: Path, tmp_path: Path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    result = run_faulty(run_dir, "HangingCartPole-v0", "--total-env-steps", "120000", "--actor-stall-timeout-s", "3",
+                        markers=markers)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sent no heartbeat for 3 s (hung)" in result.stderr
+    assert read_metrics(run_dir)[-1]["actor_restarts"] == 1
+
+
+def test_nan_updates_are_skipped_and_counted(run_dir: Path):
+    result = run_faulty(run_dir, "SometimesNaNCartPole-v0", "--total-env-steps", "40000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = read_metrics(run_dir)[-1]
+    assert last["updates_skipped"] >= 1 and last["learner_updates"] > 0
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert all(torch.isfinite(value).all() for value in state["agent"].values())
+
+
+def test_nan_updates_in_a_row_stop_the_run_with_advice(run_dir: Path):
+    result = run_faulty(run_dir, "NaNCartPole-v0", "--total-env-steps", "1000000", "--max-skipped-updates", "5")
+    assert result.returncode == 1
+    assert "5 learner updates in a row had a non-finite loss" in result.stderr
+    assert "non-finite values in" in result.stderr and "reward" in result.stderr and "--learning-rate" in result.stderr
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert state["learner"]["updates_skipped"] == 5 and state["learner"]["updates"] == 0
+    assert all(torch.isfinite(value).all() for value in state["agent"].values())
+
+
+def test_a_killed_learner_leaves_no_actor_and_resumes_from_its_last_checkpoint(run_dir: Path):
+    process = start_training(run_dir, "--checkpoint-interval-s", "1", min_updates=30)
+    actors = actor_pids(process.pid)
+    assert actors
+    time.sleep(2.0)  # past a checkpoint interval
+    process.kill()
+    process.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in actors):
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in actors), "actor processes outlived the learner"
+    saved = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["learner"]
+    assert saved["updates"] > 0
+    target = saved["env_steps"] + 3200
+    run_cli("train", "--resume", str(run_dir), "--total-env-steps", str(target), check=True)
+    resumed = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["learner"]
+    assert resumed["env_steps"] >= target and resumed["updates"] > saved["updates"]
+
+
+def digest_of_tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(root.rglob("*"))}
+
+
+def test_truncated_newest_checkpoint_falls_back_and_a_failed_resume_changes_nothing(run_dir: Path):
+    run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "3000", "--out", str(run_dir), *FAST,
+            "--checkpoint-interval-s", "0.2", check=True)
+    checkpoints = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
+    assert len(checkpoints) >= 2
+    newest, previous = checkpoints[-1], checkpoints[-2]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    before = digest_of_tree(run_dir)
+    # Settings that shape the model cannot change; nothing in the run directory may change either.
+    for flags in (["--env", "Acrobot-v1"], ["--hidden-sizes", "32", "32"], ["--checkpoint", "ckpt_9999999999"]):
+        result = run_cli("train", "--resume", str(run_dir), *flags)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) <= 2, result.stderr
+        assert digest_of_tree(run_dir) == before
+    # The truncated newest checkpoint fails its checksum: the one before it is used, with a warning.
+    target = torch.load(previous, weights_only=True)["learner"]["env_steps"] + 1600
+    result = run_cli("train", "--resume", str(run_dir), "--total-env-steps", str(target), check=True)
+    assert f"{newest.name} fails its SHA-256 check" in result.stderr and f"using {previous.name}" in result.stderr
+    assert read_metrics(run_dir)[-1]["env_steps"] >= target
+    result = run_cli("eval", str(run_dir), "--episodes", "1", check=True)
+    assert json.loads(result.stdout.splitlines()[-1])["episodes"] == 1
+
+
+@pytest.mark.parametrize("flags", [[], ["--algo", "ppo", "--envs-per-actor", "4", "--batch-size", "8"]])
+def test_resume_by_checkpoint_name(run_dir: Path, flags):
+    run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "3000", "--out", str(run_dir), *FAST, *flags,
+            "--checkpoint-interval-s", "0.2", check=True)
+    oldest = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))[0]
+    start = torch.load(oldest, weights_only=True)["learner"]
+    lines_before = len(read_metrics(run_dir))
+    run_cli("train", "--resume", str(run_dir), "--checkpoint", oldest.stem, "--total-env-steps",
+            str(start["env_steps"] + 1600), check=True)
+    resumed = read_metrics(run_dir)[lines_before:]
+    assert resumed and resumed[0]["env_steps"] > start["env_steps"] and resumed[-1]["env_steps"] >= start["env_steps"] + 1600
+    # The resumed branch is now the newest, whatever the update counts in the names say.
+    newest = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["learner"]
+    assert newest["env_steps"] == resumed[-1]["env_steps"]
