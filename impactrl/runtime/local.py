@@ -275,10 +275,13 @@ class LocalActors:
                     actor.held.add(message)
                     self.full.append(message)
         except (EOFError, OSError):
-            pass  # it is gone; check_health restarts it
+            # It is gone and everything it sent is read; check_health restarts it. Closed now,
+            # or wait() would report the pipe ready again and again until then.
+            connection.close()
+            actor.commits = None
 
     def _receive(self, timeout_s: float) -> None:
-        live = {actor.commits: actor for actor in self.actors if actor.commits is not None and not actor.commits.closed}
+        live = {actor.commits: actor for actor in self.actors if actor.commits is not None}
         if not live:
             time.sleep(min(timeout_s, 0.05))
             return
@@ -309,7 +312,7 @@ class LocalActors:
         owner.held.discard(slot)
         try:
             owner.returns.send(slot)
-        except (AttributeError, OSError):
+        except OSError:
             pass  # the owner died: its next generation starts with every slot the learner does not hold
 
     def _report_long_wait(self) -> None:
