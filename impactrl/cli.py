@@ -85,6 +85,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     from impactrl.build import env_options, make_agent, make_training_envs
     from impactrl.checkpoint import load_checkpoint
     from impactrl.envs import check_env_id
+    from impactrl.runtime import preflight
 
     found = problems(config) + env_options(config).problems()
     if found:
@@ -109,6 +110,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
                             "change in a resumed run; start a new run with --out instead")
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"--out {run_dir} already holds files; continue it with --resume {run_dir} or pick a new --out")
+    preflight(config)  # last: it may join a Ray cluster
     return checkpoint
 
 

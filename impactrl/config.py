@@ -38,8 +38,20 @@ class TrainConfig:
     """Seed for the learner's initialisation and, offset per actor and env, for the environments."""
     out: Path | None = None
     """Run directory for metrics.jsonl, tb/, config.yaml and checkpoints/ (default: runs/ENV-ALGO-seedS)."""
-    runtime: Literal["local"] = "local"
-    """Where actors and learner run: local = processes and shared memory on this machine."""
+    runtime: Literal["local", "ray"] = "local"
+    """Where actors and learner run: local = processes and shared memory on this machine; ray = Ray
+    actors on a Ray cluster (pip install -e ".[ray]"), the learner in this process (docs/ray.md)."""
+    ray_address: str | None = None
+    """Ray runtime: the cluster to join, HOST:PORT of its head (or auto); None = start a local Ray
+    instance for this run and stop it at the end. A joined cluster is left running."""
+    ray_actor_cpus: float = 1.0
+    """Ray runtime: CPUs each actor asks Ray for."""
+    ray_actor_resources: tuple[str, ...] = ()
+    """Ray runtime: other resources each actor asks Ray for, as NAME=AMOUNT (e.g. actor=1 to keep
+    actors on the nodes started with --resources '{"actor": 64}')."""
+    publish_interval: int = 1
+    """Ray runtime: put the weights in the object store at most every N learner updates (saves
+    copies on large models; PPO's actors still get every version they wait for)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Learner device; actors always run on the CPU."""
 
@@ -223,7 +235,7 @@ def problems(config: TrainConfig) -> list[str]:
     found: list[str] = []
     positive = ("total_env_steps", "num_actors", "envs_per_actor", "unroll_length", "batch_size",
                 "lstm_size", "frame_skip", "frame_stack", "keep_checkpoints", "buffer_batches", "buffer_uses",
-                "update_epochs", "num_minibatches", "max_skipped_updates")
+                "update_epochs", "num_minibatches", "max_skipped_updates", "publish_interval")
     for name in positive:
         value = getattr(config, name)
         if value < 1:
@@ -285,7 +297,40 @@ def problems(config: TrainConfig) -> list[str]:
         found.append(f"max_wall_time_s must be > 0 or None, got {config.max_wall_time_s}")
     if config.max_episode_steps is not None and config.max_episode_steps < 1:
         found.append(f"max_episode_steps must be >= 1, got {config.max_episode_steps}")
+    found += ray_problems(config)
     return found
+
+
+def ray_problems(config: TrainConfig) -> list[str]:
+    """The Ray settings' values; whether the cluster can hold the actors is checked when joining it."""
+    found = []
+    if config.runtime != "ray":
+        if config.ray_address is not None or config.ray_actor_resources:
+            found.append("--ray-address and --ray-actor-resources need --runtime ray")
+        return found
+    address = config.ray_address
+    if address is not None and address != "auto":
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            found.append(f"ray_address must be HOST:PORT (the head node's GCS address, e.g. 10.0.0.1:6379) or "
+                         f"auto, got {address!r}")
+    if not (config.ray_actor_cpus >= 0 and math.isfinite(config.ray_actor_cpus)):
+        found.append(f"ray_actor_cpus must be >= 0, got {config.ray_actor_cpus}")
+    for item in config.ray_actor_resources:
+        name, _, amount = item.partition("=")
+        try:
+            valid = bool(name) and float(amount) > 0 and name not in ("CPU", "GPU")
+        except ValueError:
+            valid = False
+        if not valid:
+            found.append(f"ray_actor_resources: {item!r} is not NAME=AMOUNT with an amount > 0 "
+                         "(CPUs are set with --ray-actor-cpus; actors need no GPU)")
+    return found
+
+
+def ray_actor_resources(config: TrainConfig) -> dict[str, float]:
+    """``--ray-actor-resources`` as Ray takes them (validated by ``problems``)."""
+    return {name: float(amount) for name, _, amount in (item.partition("=") for item in config.ray_actor_resources)}
 
 
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -317,8 +362,9 @@ def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
     if unknown:
         raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}")
     out = dict(values)
-    if "hidden_sizes" in out and isinstance(out["hidden_sizes"], list):
-        out["hidden_sizes"] = tuple(out["hidden_sizes"])
+    for name in ("hidden_sizes", "ray_actor_resources"):
+        if isinstance(out.get(name), list):
+            out[name] = tuple(out[name])
     if out.get("out") is not None:
         out["out"] = Path(out["out"])
     return out
@@ -341,6 +387,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 def to_yaml(config: TrainConfig) -> str:
     values = dataclasses.asdict(config)
     values["hidden_sizes"] = list(config.hidden_sizes)
+    values["ray_actor_resources"] = list(config.ray_actor_resources)
     values["out"] = str(config.out) if config.out is not None else None
     return yaml.safe_dump(values, sort_keys=False)
 

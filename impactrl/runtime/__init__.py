@@ -2,15 +2,23 @@
 
 Each runtime module exposes ``run(config, learner, spec, run_dir, writer) -> LearnerCounters``:
 it builds its own rollout storage from ``spec``, starts the actors, runs ``run_learner`` and
-stops everything. ``--runtime`` picks one by name from ``RUNTIMES``; modules load on demand.
+stops everything. It may also expose ``preflight(config)``, which raises UserError for what only
+it can check (is it installed, can the cluster hold the actors) before anything starts.
+``--runtime`` picks one by name from ``RUNTIMES``; modules load on demand.
 """
 
 from __future__ import annotations
 
 import importlib
 
-RUNTIMES = {"local": "impactrl.runtime.local"}
+RUNTIMES = {"local": "impactrl.runtime.local", "ray": "impactrl.runtime.ray"}
 
 
 def get_runtime(name: str):
     return importlib.import_module(RUNTIMES[name])
+
+
+def preflight(config) -> None:
+    check = getattr(get_runtime(config.runtime), "preflight", None)
+    if check is not None:
+        check(config)

@@ -1,0 +1,450 @@
+"""The Ray runtime: actors are Ray actors anywhere on a Ray cluster, the learner is this process.
+
+Data flow (the only channels there are)::
+
+    actor i: run_actor on a thread of a Ray actor; each unroll is written into its one
+             preallocated slot, ray.put into its node's object store (one copy), and queued;
+             at most ``in_flight`` put and not yet taken, then it waits (backpressure)
+    learner -> actor i: take(start, weights)   keeps ``in_flight`` take calls out per actor,
+             fewer while it holds unrolls of that actor it has not trained on yet
+    actor i -> learner: the reply to take: the unroll's ObjectRef and its UnrollRecord;
+             the learner ray.gets it, copies it into its own SlotStore and lets it go
+    learner -> actors: weights ray.put once per publication (at most every
+             ``publish_interval`` updates); the ObjectRef rides on take calls, and on
+             set_weights for actors that have all their takes out (PPO waits for it)
+
+So memory is bounded whatever the speed ratio: per actor at most ``in_flight`` unrolls in the
+object store and ``in_flight`` in the learner's SlotStore.
+
+Faults are Ray's to repair: actors are created with ``max_restarts=-1``, so Ray restarts a
+killed worker (or an actor whose node left the cluster, on a node that has room) in a fresh
+process. The learner sees the take calls fail, sends new ones (they wait for the restart), and
+the new process starts its loop with the start arguments and the newest weights its first take
+carries; its reply says it is fresh, which is counted in ``actor_restarts`` against the same
+budget as the local runtime (``max_actor_restarts`` per ``actor_restart_window_s``). An actor loop
+that raises is killed so that Ray restarts it, except on EnvBroken, which stops the run.
+Actors are owned by this process: Ray stops them when it exits, however it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from impactrl.config import TrainConfig, ray_actor_resources
+from impactrl.data.rollout import RolloutSpec, SlotStore, UnrollRecord
+from impactrl.errors import ActorFailed, EnvBroken, UserError
+from impactrl.metrics import MetricsWriter
+from impactrl.models import Agent
+from impactrl.runtime.actor import run_actor
+from impactrl.runtime.learner import Learner, LearnerCounters, run_learner
+from impactrl.runtime.local import StopRequests, learner_threads
+
+try:
+    import ray
+except ImportError:  # an optional extra: preflight says how to install it
+    ray = None
+
+
+class WeightsMessage(NamedTuple):
+    """The newest weights as actors receive them: the ObjectRef sits in a list so that Ray hands
+    it over as a reference, fetched only at the actor's next unroll boundary."""
+
+    version: int
+    publication: int
+    refs: list
+
+
+class StartArgs(NamedTuple):
+    """What a fresh actor process starts its loop with (used by the first take it serves)."""
+
+    generation: int
+    reward_stats: np.ndarray | None
+
+
+class TakeReply(NamedTuple):
+    where: dict | None  # the process's placement, in the first reply of a fresh process
+    data: list  # [ObjectRef of the unroll's arrays]
+    record: UnrollRecord
+    created_at: float
+
+
+class ActorLoopFailed(Exception):
+    """The actor loop raised; ``fatal`` when restarting cannot help (EnvBroken)."""
+
+    def __init__(self, fatal: bool, trace: str):
+        super().__init__(trace)
+        self.fatal, self.trace = fatal, trace
+
+
+def where_am_i() -> dict:
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
+# --- the actor side ---------------------------------------------------------------------------
+class ObjectStoreWeightSource:
+    """WeightSource of one actor: the newest WeightsMessage the learner sent, fetched on load."""
+
+    def __init__(self):
+        self._latest: WeightsMessage | None = None
+        self._arrived = threading.Condition()
+
+    def receive(self, message: WeightsMessage) -> None:
+        with self._arrived:
+            if self._latest is None or message.publication > self._latest.publication:
+                self._latest = message
+                self._arrived.notify_all()
+
+    def publication(self) -> int:
+        latest = self._latest
+        return 0 if latest is None else latest.publication
+
+    def load_into(self, agent: Agent) -> tuple[int, int]:
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._latest is not None)
+            message = self._latest
+        agent.load_state_dict(ray.get(message.refs[0]))
+        return message.version, message.publication
+
+
+class ObjectStoreOutbox:
+    """RolloutSink of one actor: one preallocated slot, copied into the object store on commit."""
+
+    def __init__(self, spec: RolloutSpec, in_flight: int):
+        self.store = SlotStore(spec, 1, shared=False)
+        self.space = threading.Semaphore(in_flight)  # unrolls put and not yet taken
+        self.ready: queue.Queue = queue.Queue()
+
+    def acquire(self) -> int:
+        while not self.space.acquire(timeout=1.0):
+            self.heartbeat()
+        return 0
+
+    def arrays(self, slot: int) -> dict[str, np.ndarray]:
+        return self.store.slot_arrays(slot)
+
+    def commit(self, slot: int, record: UnrollRecord) -> None:
+        self.ready.put((ray.put(self.store.slot_arrays(slot)), record, time.time()))
+
+    def heartbeat(self) -> None:
+        pass  # a hung actor is found by the learner's wait report; Ray finds dead ones
+
+
+class RayActor:
+    """One actor: ``run_actor`` on a thread of this Ray actor, its unrolls handed out by ``take``."""
+
+    def __init__(self, config: TrainConfig, actor_id: int, spec: RolloutSpec, in_flight: int):
+        self.config, self.actor_id = config, actor_id
+        self.weights = ObjectStoreWeightSource()
+        self.outbox = ObjectStoreOutbox(spec, in_flight)
+        self.failure: ActorLoopFailed | None = None
+        self._start_lock = threading.Lock()
+        self._loop: threading.Thread | None = None
+
+    def _run(self, start: StartArgs) -> None:
+        try:
+            # Ray kills this process at the end of the run, so the loop never stops by itself.
+            run_actor(self.config, self.actor_id, self.weights, self.outbox, lambda: False, start.generation,
+                      start.reward_stats)
+        except BaseException as error:  # noqa: BLE001 - handed to the learner by take()
+            self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc())
+
+    def take(self, start: StartArgs, weights: WeightsMessage) -> TakeReply:
+        """The next unroll this actor puts (waiting for it); the first call starts the loop."""
+        self.weights.receive(weights)
+        with self._start_lock:
+            fresh = self._loop is None
+            if fresh:
+                self._loop = threading.Thread(target=self._run, args=(start,), name="impactrl-actor", daemon=True)
+                self._loop.start()
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            try:
+                data, record, created_at = self.outbox.ready.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            self.outbox.space.release()
+            return TakeReply(where_am_i() if fresh else None, [data], record, created_at)
+
+    def set_weights(self, weights: WeightsMessage) -> None:
+        self.weights.receive(weights)
+
+
+# --- the learner side -------------------------------------------------------------------------
+class ObjectStoreWeightSink:
+    """WeightSink: remembers the newest publication; ``latest`` puts it in the object store when due.
+
+    The put happens when the learner next asks actors for data, which run_learner does only with
+    the agent exactly as last published (after an update that published, or before the first):
+    an update that nobody reads costs no copy.
+    """
+
+    def __init__(self, config: TrainConfig):
+        self.every = 1 if config.synchronous else config.publish_interval
+        self.agent: Agent | None = None
+        self.version = -1
+        self.message: WeightsMessage | None = None
+
+    def publish(self, agent: Agent, version: int) -> None:
+        self.agent, self.version = agent, version
+
+    def latest(self) -> WeightsMessage:
+        message = self.message
+        if message is None or (self.version != message.version and self.version - message.version >= self.every):
+            state = {key: value.detach().cpu() for key, value in self.agent.state_dict().items()}
+            publication = 1 if message is None else message.publication + 1
+            self.message = WeightsMessage(self.version, publication, [ray.put(state)])
+        return self.message
+
+
+@dataclass
+class ActorHandle:
+    """The learner's view of one Ray actor."""
+
+    actor_id: int
+    handle: object
+    generation: int
+    pending: set = field(default_factory=set)  # take calls out
+    held: int = 0  # its unrolls in the learner's SlotStore
+    sent_publication: int = 0
+    incarnations: list = field(default_factory=list)  # where each of its processes ran
+    restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
+    last_error: str = ""
+
+
+class RayActors:
+    """The actors on the cluster: the learner's BatchSource, and the bookkeeping of their restarts."""
+
+    def __init__(self, config: TrainConfig, learner: Learner, spec: RolloutSpec, weights: ObjectStoreWeightSink,
+                 run_dir: Path):
+        self.config, self.learner, self.weights, self.run_dir = config, learner, weights, run_dir
+        self.in_flight = unrolls_in_flight(config)
+        self.store = SlotStore(spec, config.num_actors * self.in_flight, shared=False)
+        self.free = list(range(self.store.num_slots))
+        self.full: deque[int] = deque()
+        self.owner: dict = {}  # take call -> ActorHandle
+        remote = ray.remote(RayActor).options(
+            num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
+            max_concurrency=self.in_flight + 2,  # every take waits in its own thread; set_weights never queues
+            scheduling_strategy="SPREAD")
+        self.actors = [ActorHandle(i, remote.remote(config, i, spec, self.in_flight), learner.counters.updates)
+                       for i in range(config.num_actors)]
+        self.learner_where = where_am_i()
+        self.waited_s = 0.0
+        self.wait_reported = False
+
+    def stop_all(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor.handle, no_restart=True)
+
+    # --- BatchSource --------------------------------------------------------------------------
+    def next_batch(self, timeout_s: float):
+        """Wait for ``slots_per_batch`` unrolls, gather them into a batch, free their slots."""
+        began = time.monotonic()
+        needed = self.config.slots_per_batch
+        while len(self.full) < needed:
+            self.request()
+            remaining = began + timeout_s - time.monotonic()
+            if remaining <= 0:
+                self.waited_s += time.monotonic() - began
+                self._report_long_wait()
+                return None
+            calls = list(self.owner)
+            done, rest = ray.wait(calls, num_returns=1, timeout=remaining)
+            if done:
+                done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for call in done:
+                self._receive(call)
+        indices = [self.full.popleft() for _ in range(needed)]
+        batch = self.store.gather(indices)
+        for slot in indices:
+            self.actors[int(self.store.actor_id[slot])].held -= 1
+            self.free.append(slot)
+        self.request()  # the actors go on producing while the learner trains
+        self.waited_s, self.wait_reported = 0.0, False
+        return batch
+
+    def request(self) -> None:
+        """Keep ``in_flight`` takes out per actor, and the newest weights with every actor."""
+        weights = self.weights.latest()
+        for actor in self.actors:
+            while len(actor.pending) + actor.held < self.in_flight:
+                call = actor.handle.take.remote(
+                    StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
+                actor.pending.add(call)
+                self.owner[call] = actor
+                actor.sent_publication = weights.publication
+            if actor.sent_publication < weights.publication:
+                actor.handle.set_weights.remote(weights)
+                actor.sent_publication = weights.publication
+
+    def _receive(self, call) -> None:
+        actor = self.owner.pop(call)
+        actor.pending.discard(call)
+        try:
+            reply: TakeReply = ray.get(call)
+            arrays = ray.get(reply.data[0])
+        except ray.exceptions.RayTaskError as error:
+            self._loop_failed(actor, error.cause if isinstance(error.cause, ActorLoopFailed) else None, error)
+            return
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+            # The process died (its unrolls in the object store with it): Ray restarts it, and the
+            # takes sent from now on wait for the new process, which gets a new generation of seeds.
+            actor.last_error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            actor.generation = max(self.learner.counters.updates, actor.generation + 1)
+            return
+        if reply.where is not None:
+            self._started(actor, reply.where)
+        slot = self.free.pop()
+        target = self.store.slot_arrays(slot)
+        for key, value in arrays.items():
+            target[key][...] = value
+        self.store.record(slot, reply.record, reply.created_at)
+        self.full.append(slot)
+        actor.held += 1
+
+    def _loop_failed(self, actor: ActorHandle, failure: ActorLoopFailed | None, error: Exception) -> None:
+        trace = failure.trace if failure is not None else str(error)
+        if failure is not None and failure.fatal:
+            raise ActorFailed(f"actor {actor.actor_id} failed:\n{trace.rstrip()}")
+        actor.last_error = trace.strip().splitlines()[-1]
+        actor.generation = max(self.learner.counters.updates, actor.generation + 1)
+        ray.kill(actor.handle, no_restart=False)  # Ray restarts it in a fresh process
+
+    def _started(self, actor: ActorHandle, where: dict) -> None:
+        """A fresh process of ``actor`` served its first unroll: a restart unless it is the first."""
+        actor.incarnations.append({"generation": actor.generation, **where, "started_at": time.time()})
+        if len(actor.incarnations) > 1:
+            self._count_restart(actor, where)
+        write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
+
+    def _count_restart(self, actor: ActorHandle, where: dict) -> None:
+        config, counters = self.config, self.learner.counters
+        now = time.monotonic()
+        while actor.restarts and now - actor.restarts[0] > config.actor_restart_window_s:
+            actor.restarts.popleft()
+        reason = actor.last_error or "its process was replaced"
+        if len(actor.restarts) >= config.max_actor_restarts:
+            raise ActorFailed(f"actor {actor.actor_id} failed ({reason}) after {len(actor.restarts)} restarts in the "
+                              f"last {config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
+                              f"--actor-restart-window-s {config.actor_restart_window_s:g})")
+        actor.restarts.append(now)
+        counters.actor_restarts += 1
+        key = str(actor.actor_id)
+        counters.actor_restarts_by_id[key] = counters.actor_restarts_by_id.get(key, 0) + 1
+        print(f"impactrl: actor {actor.actor_id} failed ({reason}); Ray restarted it on node {where['node_id'][:12]} "
+              f"({where['host']}, pid {where['pid']}) with the latest weights ({len(actor.restarts)} of "
+              f"{config.max_actor_restarts} restarts allowed in {config.actor_restart_window_s:g} s)",
+              file=sys.stderr, flush=True)
+        actor.last_error = ""
+
+    def _report_long_wait(self) -> None:
+        if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
+            self.wait_reported = True
+            starting = [actor.actor_id for actor in self.actors if actor.last_error]
+            print(f"impactrl: the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
+                  f"{self.config.slots_per_batch} unrolls ready; actors waiting for Ray to restart them: "
+                  f"{starting or 'none'}; is the cluster short of resources? `ray status` shows it)",
+                  file=sys.stderr, flush=True)
+
+
+def unrolls_in_flight(config: TrainConfig) -> int:
+    """Unrolls per actor in the object store (and in the learner's store): the local runtime's
+    slots, shared out among the actors."""
+    return math.ceil(config.num_slots / config.num_actors)
+
+
+def write_run_info(run_dir: Path, config: TrainConfig, learner: dict, actors: list[ActorHandle]) -> None:
+    """``RUN_DIR/run_info.json``: where the learner and every process of every actor ran (newest last)."""
+    info = {"runtime": "ray", "ray_address": config.ray_address, "learner": learner,
+            "actors": {str(actor.actor_id): actor.incarnations for actor in actors}}
+    partial = run_dir / ".run_info.json.partial"
+    partial.write_text(json.dumps(info, indent=1))
+    partial.replace(run_dir / "run_info.json")
+
+
+# --- connecting -------------------------------------------------------------------------------
+def preflight(config: TrainConfig) -> None:
+    """Before anything starts: Ray is installed, the cluster answers and can hold the actors."""
+    if ray is None:
+        raise UserError('--runtime ray needs Ray: pip install -e ".[ray]" (or pip install "ray>=2.60")')
+    need = {"CPU": config.ray_actor_cpus, **ray_actor_resources(config)}
+    if config.ray_address is None:
+        custom = sorted(name for name in need if name != "CPU")
+        if custom:
+            raise UserError(f"--ray-actor-resources {', '.join(custom)}: a local Ray instance has no such resource; "
+                            "join a cluster whose nodes offer it with --ray-address")
+        return
+    if config.ray_address != "auto":
+        host, _, port = config.ray_address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5.0).close()
+        except OSError as error:
+            raise UserError(f"--ray-address {config.ray_address}: nothing answers there ({error.strerror or error}); "
+                            "start the head with `ray start --head` and pass the address it prints") from None
+    try:
+        ray.init(address=config.ray_address, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"--ray-address {config.ray_address}: cannot join the Ray cluster: {first}") from None
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    capacity = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items() if amount > 0),
+                       default=config.num_actors) for node in nodes)
+    if capacity < config.num_actors:
+        ray.shutdown()
+        asked = ", ".join(f"{name}={amount:g}" for name, amount in need.items())
+        raise UserError(f"--ray-address {config.ray_address}: the cluster's {len(nodes)} node(s) can hold {capacity} "
+                        f"actor(s) asking for {asked} each, not --num-actors {config.num_actors}; lower "
+                        "--ray-actor-cpus or --num-actors, or add nodes")
+
+
+def connect(config: TrainConfig) -> None:
+    """Join the cluster (preflight may have already), or start a local instance sized for the run:
+    its CPU count is a scheduling promise, so actors may outnumber cores as in the local runtime."""
+    if ray.is_initialized():
+        return
+    if config.ray_address is not None:
+        ray.init(address=config.ray_address, logging_level=logging.WARNING)
+        return
+    cpus = max(os.cpu_count() or 1, math.ceil(config.num_actors * config.ray_actor_cpus))
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+
+
+def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:
+    """Start the actors on the cluster, run the learner loop here until the step budget is spent."""
+    # A joined cluster's actors are elsewhere: then the learner keeps torch's own thread count.
+    if config.ray_address is None or config.learner_threads:
+        torch.set_num_threads(learner_threads(config))
+    connect(config)
+    try:
+        weights = ObjectStoreWeightSink(config)
+        actors = RayActors(config, learner, spec, weights, run_dir)
+        write_run_info(run_dir, config, actors.learner_where, actors.actors)
+        with StopRequests() as stops:
+            def check_health() -> None:
+                if stops.requested:
+                    raise KeyboardInterrupt
+
+            try:
+                return run_learner(learner, actors, weights, run_dir, writer, check_health)
+            finally:
+                actors.stop_all()
+    finally:
+        ray.shutdown()  # a local instance stops with it; a joined cluster stays up
