@@ -1,0 +1,188 @@
+"""The Ray runtime on real Ray: a local instance the CLI starts, and a multi-node cluster on this
+machine (``ray.cluster_utils.Cluster``) that the CLI joins. Actors are really killed and nodes
+really removed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, run_cli
+from test_learning import train_returns
+from test_runtime import CONTRACT_KEYS, read_metrics
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+
+def ray_pids() -> set[int]:
+    """Processes of any Ray instance on this machine (its servers and workers)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(name in cmdline for name in (b"raylet", b"gcs_server", b"ray::", b"default_worker.py",
+                                                 b"ray/dashboard", b"ray/autoscaler", b"log_monitor.py")):
+                found.add(int(entry.name))
+    return found
+
+
+def assert_no_new_ray_processes(before: set[int]) -> None:
+    deadline = time.monotonic() + 30
+    while (left := ray_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Ray processes left running: {sorted(left)}"
+
+
+def run_info(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run_info.json").read_text())
+
+
+def wait_until_training(run_dir: Path, process: subprocess.Popen) -> dict:
+    """run_info once every actor has delivered an unroll and the learner has trained on one."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            info, records = run_info(run_dir), read_metrics(run_dir)
+        except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or a line half-written
+            info, records = None, []
+        if info and all(info["actors"].values()) and records and records[-1]["learner_updates"] > 0:
+            return info
+        time.sleep(0.2)
+    process.kill()
+    raise AssertionError(f"training did not start: {process.communicate()[1][-2000:]}")
+
+
+def current_nodes(info: dict) -> dict[str, str]:
+    """Actor id -> the node its newest process runs on."""
+    return {actor: incarnations[-1]["node_id"] for actor, incarnations in info["actors"].items() if incarnations}
+
+
+def test_ray_runtime_trains_with_the_same_outputs_and_leaves_no_ray_process(run_dir: Path):
+    before = ray_pids()
+    run_cli("train", "--runtime", "ray", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out", str(run_dir),
+            *FAST, check=True)
+    assert_no_new_ray_processes(before)
+    records = read_metrics(run_dir)
+    assert records and all(CONTRACT_KEYS <= set(record) for record in records)
+    assert records[-1]["env_steps"] >= 4000 and records[-1]["actor_restarts"] == 0
+    assert any(record["episode_return_mean"] is not None for record in records)
+    assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
+    info = run_info(run_dir)
+    assert info["learner"]["pid"] > 0 and sorted(info["actors"]) == ["0", "1"]
+    result = run_cli("eval", str(run_dir), "--episodes", "2", check=True)
+    assert json.loads(result.stdout.splitlines()[-1])["episodes"] == 2
+
+
+def test_ppo_gets_every_version_it_waits_for(run_dir: Path):
+    """Synchronous: each batch is acted with the weights trained on the one before, so the lag is 0."""
+    run_cli("train", "--runtime", "ray", "--algo", "ppo", "--env", "CartPole-v1", "--total-env-steps", "6000",
+            "--num-actors", "2", "--envs-per-actor", "4", "--batch-size", "8", "--unroll-length", "32",
+            "--num-minibatches", "4", "--update-epochs", "2", "--log-interval-s", "0.5", "--out", str(run_dir),
+            check=True)
+    records = read_metrics(run_dir)
+    assert records[-1]["env_steps"] >= 6000
+    assert all(record["policy_lag_max"] in (None, 0) for record in records)
+
+
+def test_a_killed_actor_worker_is_restarted_by_ray_and_the_run_finishes(run_dir: Path):
+    """One actor, so the run can only finish once Ray has restarted it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "impactrl", "train", "--runtime", "ray", "--env", "CartPole-v1", "--total-env-steps",
+         "40000", "--out", str(run_dir), *FAST, "--num-actors", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = wait_until_training(run_dir, process)["actors"]["0"][-1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr[-3000:]
+    last = read_metrics(run_dir)[-1]
+    assert last["env_steps"] >= 40000 and last["actor_restarts"] >= 1
+    assert last["actor"]["0"]["restarts"] == last["actor_restarts"]
+    pids = [incarnation["pid"] for incarnation in run_info(run_dir)["actors"]["0"]]
+    assert pids[0] == victim and len(set(pids)) == len(pids) >= 2
+    assert "Ray restarted it" in stderr
+
+
+def test_actors_spread_over_a_two_node_cluster_and_come_back_when_a_node_leaves(tmp_path: Path):
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1, resources={"spare": 1})
+        cluster.wait_for_nodes()
+        before = ray_pids()
+        # Each node has room for one actor, so they must land on both.
+        both = tmp_path / "both"
+        run_cli("train", "--runtime", "ray", "--ray-address", cluster.address, "--env", "CartPole-v1",
+                "--total-env-steps", "4000", "--out", str(both), *FAST, check=True)
+        info = run_info(both)
+        assert len(set(current_nodes(info).values())) == 2
+        assert read_metrics(both)[-1]["env_steps"] >= 4000
+        # One more actor than the cluster holds: refused before anything starts.
+        result = run_cli("train", "--runtime", "ray", "--ray-address", cluster.address, "--out", str(tmp_path / "no"),
+                         *FAST, "--num-actors", "3")
+        assert result.returncode == 2 and "can hold 2 actor(s)" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "no").exists()
+
+        # A node leaves mid-run: its actor comes back on the node that has room. The actor needs
+        # "spare", which only the workers offer, and is alone, so the run cannot end without it.
+        cluster.add_node(num_cpus=1, resources={"spare": 1})
+        cluster.wait_for_nodes()
+        moved = tmp_path / "moved"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "impactrl", "train", "--runtime", "ray", "--ray-address", cluster.address,
+             "--env", "CartPole-v1", "--total-env-steps", "40000", "--out", str(moved), *FAST, "--num-actors", "1",
+             "--ray-actor-resources", "spare=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = current_nodes(wait_until_training(moved, process))["0"]
+            [node] = [node for node in cluster.worker_nodes if node.node_id == first]
+            cluster.remove_node(node)
+            _, stderr = process.communicate(timeout=300)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 0, stderr[-3000:]
+        assert read_metrics(moved)[-1]["env_steps"] >= 40000 and read_metrics(moved)[-1]["actor_restarts"] >= 1
+        nodes = [incarnation["node_id"] for incarnation in run_info(moved)["actors"]["0"]]
+        assert nodes[0] == first and nodes[-1] != first and nodes[-1] != cluster.head_node.node_id
+        assert cluster.head_node.remaining_processes_alive()  # a joined cluster is left running
+    finally:
+        cluster.shutdown()
+    assert_no_new_ray_processes(before)
+
+
+def test_ray_user_errors_are_one_line_before_anything_starts(tmp_path: Path):
+    out = tmp_path / "run"
+    cases = [
+        (["--ray-address", "127.0.0.1:1"], "nothing answers there"),
+        (["--ray-address", "head-without-port"], "must be HOST:PORT"),
+        (["--ray-actor-resources", "gpu_box=1"], "a local Ray instance has no such resource"),
+    ]
+    for flags, message in cases:
+        result = run_cli("train", "--runtime", "ray", "--out", str(out), *flags)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+    # Without Ray installed (a module named ray that fails to import, first on the path).
+    shadow = tmp_path / "no_ray"
+    shadow.mkdir()
+    (shadow / "ray.py").write_text("raise ImportError('No module named ray')\n")
+    result = run_cli("train", "--runtime", "ray", "--out", str(out), extra_path=str(shadow))
+    assert result.returncode == 2 and 'pip install -e ".[ray]"' in result.stderr and not out.exists()
+
+
+@pytest.mark.slow
+def test_cartpole_reaches_450_on_ray(run_dir: Path):
+    before = ray_pids()
+    assert max(train_returns(run_dir, "--algo", "impala", "--runtime", "ray", "--env", "CartPole-v1",
+                             "--num-actors", "2", "--total-env-steps", "500000")) >= 450
+    assert_no_new_ray_processes(before)
