@@ -21,13 +21,14 @@ import yaml
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml
 from impactrl.errors import ActorFailed, TrainingDiverged, UserError
 
-USAGE = """usage: impactrl {train,eval,plot,bench} ...
+USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
 
   impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
   impactrl train --resume RUN_DIR [--checkpoint NAME]                  continue a stopped run
   impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
   impactrl plot RUN_DIR [RUN_DIR ...] --out curves.png                 learning curves
   impactrl bench --env ALE/Pong-v5 --seconds 60                        throughput and where the time goes
+  impactrl diagnose RUN_DIR                                            what went wrong and what to change
 """
 
 
@@ -236,14 +237,25 @@ def plot(argv: Sequence[str]) -> int:
     return 0
 
 
+def diagnose(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="impactrl diagnose", description="Check a run's metrics against the "
+                                     "troubleshooting rules (docs/guide.md) and say what to change.")
+    parser.add_argument("run", type=Path, help="run directory (finished or still running)")
+    args = parser.parse_args(list(argv))
+    from impactrl.diagnostics import report
+
+    print(report(args.run))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train, "eval": evaluate, "plot": plot, "bench": bench}
+    commands = {"train": train, "eval": evaluate, "plot": plot, "bench": bench, "diagnose": diagnose}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
     if argv[0] not in commands:
-        print(f"impactrl: error: unknown command {argv[0]!r} (use train, eval, plot or bench)", file=sys.stderr)
+        print(f"impactrl: error: unknown command {argv[0]!r} (use train, eval, plot, bench or diagnose)", file=sys.stderr)
         sys.exit(2)
     try:
         sys.exit(commands[argv[0]](argv[1:]))

@@ -52,6 +52,12 @@ class TrainConfig:
     publish_interval: int = 1
     """Ray runtime: put the weights in the object store at most every N learner updates (saves
     copies on large models; PPO's actors still get every version they wait for)."""
+    weight_delta: Literal["off", "lossless", "lossy"] = "off"
+    """Ray runtime: broadcast weights as compressed differences against the previous publication
+    (a full copy every 32): lossless = bit-exact (XOR, zlib); lossy = each weight an actor holds
+    stays within weight_delta_bound of the learner's (quantised, zlib)."""
+    weight_delta_bound: float = 1e-4
+    """Ray runtime, weight_delta lossy: the largest absolute difference between an actor's weight and the learner's."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Learner device; actors always run on the CPU."""
 
@@ -69,6 +75,9 @@ class TrainConfig:
     """Unrolls (one per environment) per learner batch; a multiple of envs_per_actor."""
     queue_slots: int = 0
     """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
+    max_policy_lag: int | None = None
+    """Drop unrolls the learner would train on more than this many versions after the policy that
+    produced them (counted as unrolls_dropped); None = keep all."""
 
     # --- environment --------------------------------------------------------------------------
     env_backend: EnvBackend = "gymnasium"
@@ -265,6 +274,8 @@ def problems(config: TrainConfig) -> list[str]:
         found.append("separate_value_network cannot be combined with use_lstm")
     if config.learner_threads < 0:
         found.append(f"learner_threads must be >= 0, got {config.learner_threads}")
+    if config.max_policy_lag is not None and config.max_policy_lag < 0:
+        found.append(f"max_policy_lag must be >= 0 or None, got {config.max_policy_lag}")
     if config.queue_slots < 0:
         found.append(f"queue_slots must be >= 0, got {config.queue_slots}")
     elif config.queue_slots and config.slots_per_batch >= 1 and config.queue_slots < max(config.slots_per_batch + 1,
@@ -316,6 +327,8 @@ def ray_problems(config: TrainConfig) -> list[str]:
                          f"auto, got {address!r}")
     if not (config.ray_actor_cpus >= 0 and math.isfinite(config.ray_actor_cpus)):
         found.append(f"ray_actor_cpus must be >= 0, got {config.ray_actor_cpus}")
+    if not (config.weight_delta_bound > 0 and math.isfinite(config.weight_delta_bound)):
+        found.append(f"weight_delta_bound must be > 0, got {config.weight_delta_bound}")
     for item in config.ray_actor_resources:
         name, _, amount = item.partition("=")
         try:

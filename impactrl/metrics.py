@@ -37,6 +37,9 @@ class MetricsWriter:
         if self.terminal is not None:
             print(terminal_line(record), file=self.terminal, flush=True)
 
+    def warn(self, text: str) -> None:
+        print(f"impactrl: warning: {text}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         self.jsonl.close()
         self.tensorboard.close()
@@ -63,9 +66,10 @@ def terminal_line(record: dict[str, Any]) -> str:
 
 
 class IntervalStats:
-    """Accumulates what happens between two metrics lines."""
+    """Accumulates what happens between two metrics lines; ``steps_per_unroll`` is E × T."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps_per_unroll: int) -> None:
+        self.steps_per_unroll = steps_per_unroll
         self.reset()
 
     def reset(self) -> None:
@@ -114,6 +118,10 @@ class IntervalStats:
             stages = np.concatenate(self.stage_seconds).sum(axis=0)
             for stage, seconds in zip(ACTOR_STAGES, stages.tolist()):
                 out[f"time/actor_{stage}_fraction"] = seconds / max(stages.sum(), 1e-12)
+            # How fast one actor's envs step on their own: the ceiling inference and waiting keep it from.
+            unrolls = sum(len(per_slot) for per_slot in self.stage_seconds)
+            env_seconds = float(stages[ACTOR_STAGES.index("env")])
+            out["time/actor_env_steps_per_s"] = unrolls * self.steps_per_unroll / max(env_seconds, 1e-12)
         else:
             out.update(policy_lag_mean=None, policy_lag_max=None, data_age_mean_s=None)
         for key, total in self.sums.items():

@@ -11,13 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import FAST, run_cli
 from test_learning import train_returns
+from test_faults import run_faulty
 from test_runtime import CONTRACT_KEYS, read_metrics
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
+
+from impactrl.config import TrainConfig  # noqa: E402
+from impactrl.runtime.ray import apply_delta, delta_bytes, encode_delta  # noqa: E402
+from impactrl.training import build_learner  # noqa: E402
 
 
 def ray_pids() -> set[int]:
@@ -82,15 +88,41 @@ def test_ray_runtime_trains_with_the_same_outputs_and_leaves_no_ray_process(run_
     assert json.loads(result.stdout.splitlines()[-1])["episodes"] == 2
 
 
-def test_ppo_gets_every_version_it_waits_for(run_dir: Path):
-    """Synchronous: each batch is acted with the weights trained on the one before, so the lag is 0."""
+def test_ppo_gets_every_version_it_waits_for_also_as_deltas(run_dir: Path):
+    """Synchronous: each batch is acted with the weights trained on the one before, so the lag is 0,
+    also when the weights travel as lossless deltas (each actor rebuilds every publication)."""
     run_cli("train", "--runtime", "ray", "--algo", "ppo", "--env", "CartPole-v1", "--total-env-steps", "6000",
             "--num-actors", "2", "--envs-per-actor", "4", "--batch-size", "8", "--unroll-length", "32",
             "--num-minibatches", "4", "--update-epochs", "2", "--log-interval-s", "0.5", "--out", str(run_dir),
-            check=True)
+            "--weight-delta", "lossless", check=True)
     records = read_metrics(run_dir)
     assert records[-1]["env_steps"] >= 6000
     assert all(record["policy_lag_max"] in (None, 0) for record in records)
+    weights = run_info(run_dir)["weights"]
+    assert weights["publications"] >= 6000 // 256 and weights["bytes_per_delta"] < weights["bytes_full_copy"]
+
+
+@pytest.mark.parametrize("bound", [None, 1e-3])
+def test_weight_deltas_rebuild_the_learners_weights_exactly_or_within_the_bound(bound):
+    """A chain of real updates: what actors rebuild from deltas is the learner's weights (lossless)
+    or within the bound, which does not grow along the chain (each delta is against the rebuilt copy)."""
+    config = TrainConfig(env="MinAtar/Breakout-v1", learning_rate=0.01, optimizer="adam")
+    agent = build_learner(config, None)[0].agent
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.01)
+    held = {key: value.clone() for key, value in agent.state_dict().items()}
+    for _ in range(20):
+        optimizer.zero_grad()
+        sum(parameter.square().sum() for parameter in agent.parameters()).backward()
+        optimizer.step()
+        new = {key: value.detach().clone() for key, value in agent.state_dict().items()}
+        delta = encode_delta(new, held, bound)
+        held = apply_delta(held, delta, bound)
+        assert delta_bytes(delta) < sum(value.nbytes for value in new.values())
+        for key, value in new.items():
+            if bound is None:
+                assert torch.equal(held[key], value)
+            else:  # the bound, plus float32 rounding of the weight
+                assert (held[key] - value).abs().max() <= bound * (1 + 1e-3) + 1e-6 * value.abs().max()
 
 
 def test_a_killed_actor_worker_is_restarted_by_ray_and_the_run_finishes(run_dir: Path):
@@ -113,6 +145,17 @@ def test_a_killed_actor_worker_is_restarted_by_ray_and_the_run_finishes(run_dir:
     pids = [incarnation["pid"] for incarnation in run_info(run_dir)["actors"]["0"]]
     assert pids[0] == victim and len(set(pids)) == len(pids) >= 2
     assert "Ray restarted it" in stderr
+
+
+def test_a_hung_actor_is_killed_and_restarted_by_ray(run_dir: Path, tmp_path: Path):
+    """One actor, whose env hangs once: the run can only finish once it was found and restarted."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    result = run_faulty(run_dir, "HangingCartPole-v0", "--runtime", "ray", "--total-env-steps", "20000",
+                        "--num-actors", "1", "--actor-stall-timeout-s", "3", markers=markers)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sent no heartbeat for 3 s (hung)" in result.stderr
+    assert read_metrics(run_dir)[-1]["actor_restarts"] == 1
 
 
 def test_actors_spread_over_a_two_node_cluster_and_come_back_when_a_node_leaves(tmp_path: Path):

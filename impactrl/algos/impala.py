@@ -8,11 +8,16 @@ clip keep the paper's scale. v_t and A_t come from V-trace and are constants.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from impactrl.algos.base import Algorithm, to_floats
 from impactrl.algos.common import agent_outputs, vtrace_targets
 from impactrl.data.rollout import Batch
+
+# π/μ outside [1/10, 10]: the policies disagree, whatever ρ̄ clips (at ρ̄ = 1 half the steps are clipped on-policy).
+EXTREME_LOG_RHO = math.log(10.0)
 
 
 class Impala(Algorithm):
@@ -38,6 +43,7 @@ class Impala(Algorithm):
             "loss/entropy": entropy.mean(),
             "vtrace/rho_mean": rhos.mean(),
             "vtrace/rho_clipped_fraction": clipped,
+            "vtrace/rho_extreme_fraction": (log_rhos.abs() > EXTREME_LOG_RHO).float().mean(),
             "value/mean": values.mean(),
             "value/target_mean": vtrace.vs.mean(),
         }

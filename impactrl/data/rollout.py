@@ -173,6 +173,12 @@ class SlotStore:
         return batch, meta
 
 
+def keep_unrolls(batch: Batch, keep: torch.Tensor) -> Batch:
+    """The batch's unrolls (columns) where ``keep`` ``[B]`` is True."""
+    index = keep.nonzero().squeeze(1)
+    return {key: value.index_select(0 if key.startswith("core_state_") else 1, index) for key, value in batch.items()}
+
+
 def core_state(batch: Batch) -> tuple[torch.Tensor, ...]:
     """The recurrent state at the start of each unroll, as the agent takes it."""
     count = sum(1 for key in batch if key.startswith("core_state_"))

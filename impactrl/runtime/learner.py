@@ -11,12 +11,14 @@ and the loop is::
     until total_env_steps are consumed:
         if the algorithm wants data:
             batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
-            record policy lag (updates - behaviour version) and data age per unroll
+            record policy lag (updates - behaviour version) and data age per unroll; with
+                max_policy_lag, drop the unrolls older than that
             hand the batch to the algorithm (its env steps now count as consumed)
         one SGD step on algorithm.next_batch(), if it has one (skipped if its loss or
             gradient is not finite; max_skipped_updates in a row stop the run)
         publish(weights, version = updates) when the algorithm says so
-        every log interval: one metrics line; every checkpoint interval: a checkpoint
+        every log interval: one metrics line, checked by the diagnostic rules; every checkpoint
+            interval: a checkpoint
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch
 from impactrl.algos.base import Algorithm, make_optimizer, to_floats
 from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
-from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, DeviceTransfer
+from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, DeviceTransfer, keep_unrolls
+from impactrl.diagnostics import LiveDiagnostics
 from impactrl.errors import TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import Agent
@@ -61,6 +64,7 @@ class LearnerCounters:
     actor_restarts_by_id: dict[str, int] = field(default_factory=dict)
     env_errors: int = 0
     updates_skipped: int = 0
+    unrolls_dropped: int = 0
 
 
 class Learner:
@@ -108,7 +112,7 @@ class Learner:
             self._unseen_obs.append(batch["obs"][:-1].flatten(0, 1))
         with self.autocast():
             self.algorithm.add_batch(batch)
-        self.counters.env_steps += self.config.steps_per_batch
+        self.counters.env_steps += batch["reward"].numel()
 
     def update(self) -> dict[str, float] | None:
         """One SGD step on the algorithm's next batch; None when it needs fresh data first."""
@@ -183,12 +187,20 @@ class Learner:
         restore_rng_states(state["rng"])
 
 
+def reward_threshold(env_id: str) -> float | None:
+    """The return at which Gymnasium considers the env solved, if it says."""
+    from impactrl.envs.factory import env_spec
+
+    return env_spec(env_id).reward_threshold
+
+
 def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
                 writer: MetricsWriter, check_health: Callable[[], None]) -> LearnerCounters:
     """Train until ``total_env_steps`` are consumed; see the module docstring."""
     config, counters = learner.config, learner.counters
     start = time.monotonic() - counters.wall_time_s
-    interval = IntervalStats()
+    interval = IntervalStats(config.envs_per_actor * config.unroll_length)
+    diagnostics = LiveDiagnostics(config, reward_threshold(config.env))
     last_log = last_checkpoint = time.monotonic()
     steps_at_last_log = counters.env_steps
     waited = trained = 0.0
@@ -209,13 +221,19 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
             "actor_restarts": counters.actor_restarts,
             "env_errors": counters.env_errors,
             "updates_skipped": counters.updates_skipped,
+            "unrolls_dropped": counters.unrolls_dropped,
             **summary,
             "time/learner_wait_fraction": waited / max(now - last_log, 1e-9),
             "time/learner_train_fraction": trained / max(now - last_log, 1e-9),
         }
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
+        findings = diagnostics.check(record)
+        if findings:
+            record["diagnostics"] = [finding.record() for finding in findings]
         writer.write(record)
+        for finding in findings:
+            writer.warn(finding.text())
         interval.reset()
         last_log, steps_at_last_log, waited, trained = now, counters.env_steps, 0.0, 0.0
 
@@ -239,11 +257,21 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                 if item is None:
                     continue
                 batch, meta = item
+                learner.record_unrolls(meta)  # what the actors reported, also with unrolls dropped below
+                lags = counters.updates - meta["policy_version"]
+                actor_ids, created_at = meta["actor_id"], meta["created_at"]
+                if config.max_policy_lag is not None and (lags > config.max_policy_lag).any():
+                    keep = lags <= config.max_policy_lag
+                    counters.unrolls_dropped += int((~keep).sum())
+                    if not keep.any():
+                        continue
+                    batch, lags = keep_unrolls(batch, keep), lags[keep]
+                    actor_ids, created_at = actor_ids[keep], created_at[keep]
                 ended = ~torch.isnan(batch["episode_return"])
                 interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
-                interval.add_unrolls(meta["actor_id"].numpy(), (counters.updates - meta["policy_version"]).numpy(),
-                                     (time.time() - meta["created_at"]).numpy(), meta["stage_seconds"].numpy())
-                learner.record_unrolls(meta)
+                interval.add_unrolls(actor_ids.numpy(), lags.numpy(), (time.time() - created_at).numpy(),
+                                     meta["stage_seconds"].numpy())
+                interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
                 learner.add(batch)
             began = time.monotonic()
             stats = learner.update()

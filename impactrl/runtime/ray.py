@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,11 +63,13 @@ except ImportError:  # an optional extra: preflight says how to install it
 
 
 class WeightsMessage(NamedTuple):
-    """The newest weights as actors receive them: the ObjectRef sits in a list so that Ray hands
-    it over as a reference, fetched only at the actor's next unroll boundary."""
+    """The newest weights as actors receive them: a full copy (publication ``base``), then the
+    deltas up to ``publication``. The ObjectRefs sit in a list so that Ray hands them over as
+    references, fetched only at the actor's next unroll boundary, and only those it lacks."""
 
     version: int
     publication: int
+    base: int
     refs: list
 
 
@@ -78,7 +81,7 @@ class StartArgs(NamedTuple):
 
 
 class TakeReply(NamedTuple):
-    where: dict | None  # the process's placement, in the first reply of a fresh process
+    where: dict | None  # the process's placement, with the first unroll it hands out
     data: list  # [ObjectRef of the unroll's arrays]
     record: UnrollRecord
     created_at: float
@@ -92,6 +95,64 @@ class ActorLoopFailed(Exception):
         self.fatal, self.trace = fatal, trace
 
 
+# --- weight deltas ----------------------------------------------------------------------------
+# Publications per full copy with --weight-delta: a fresh actor fetches one copy and at most 15 deltas.
+KEYFRAME_EVERY = 16
+SAME_WIDTH_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+                  torch.bfloat16: torch.int16}
+
+
+def _zipped(tensor: torch.Tensor) -> tuple[bytes, bytes]:
+    """The bytes of a delta by significance: the high half (mostly zeros: sign, exponent, top of
+    the mantissa, or the top of a small integer) through zlib; the low half, nearly random, as it is."""
+    width = tensor.element_size()
+    planes = tensor.contiguous().numpy().view(np.uint8).reshape(-1, width).T
+    low = width // 2
+    return planes[:low].tobytes(), zlib.compress(planes[low:].tobytes(), 1)
+
+
+def _unzipped(data: tuple[bytes, bytes], dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
+    width = torch.empty((), dtype=dtype).element_size()
+    planes = np.frombuffer(data[0] + zlib.decompress(data[1]), np.uint8).reshape(width, -1)
+    return torch.from_numpy(planes.T.copy()).view(dtype).reshape(shape)
+
+
+def encode_delta(new: dict[str, torch.Tensor], held: dict[str, torch.Tensor], bound: float | None) -> dict:
+    """What turns ``held`` into ``new``: per float tensor the XOR of the bit patterns (exact), or
+    with ``bound`` the difference in steps of 2 * bound (within bound, up to float rounding);
+    anything else whole. ``apply_delta`` undoes it."""
+    delta = {}
+    for key, value in new.items():
+        if bound is not None and value.dtype == torch.float32:
+            steps = torch.round((value - held[key]) / (2 * bound))
+            peak = steps.abs().max().item() if steps.numel() else 0
+            dtype = next((t for t, top in ((torch.int8, 2**7), (torch.int16, 2**15), (torch.int32, 2**31)) if peak < top), None)
+            delta[key] = ("steps", dtype, _zipped(steps.to(dtype))) if dtype is not None else ("whole", value.clone())
+        elif value.dtype in SAME_WIDTH_INT:
+            bits = SAME_WIDTH_INT[value.dtype]
+            delta[key] = ("xor", bits, _zipped(value.view(bits) ^ held[key].view(bits)))
+        else:
+            delta[key] = ("whole", value.clone())
+    return delta
+
+
+def apply_delta(held: dict[str, torch.Tensor], delta: dict, bound: float | None) -> dict[str, torch.Tensor]:
+    new = {}
+    for key, (kind, *payload) in delta.items():
+        old = held[key]
+        if kind == "steps":
+            new[key] = old + _unzipped(payload[1], payload[0], old.shape).to(old.dtype) * (2 * bound)
+        elif kind == "xor":
+            new[key] = (old.view(payload[0]) ^ _unzipped(payload[1], payload[0], old.shape)).view(old.dtype)
+        else:
+            new[key] = payload[0]
+    return new
+
+
+def delta_bytes(delta: dict) -> int:
+    return sum(sum(map(len, payload[-1])) if kind != "whole" else payload[0].nbytes for kind, *payload in delta.values())
+
+
 def where_am_i() -> dict:
     return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
             "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
@@ -101,9 +162,12 @@ def where_am_i() -> dict:
 class ObjectStoreWeightSource:
     """WeightSource of one actor: the newest WeightsMessage the learner sent, fetched on load."""
 
-    def __init__(self):
+    def __init__(self, bound: float | None):
+        self.bound = bound
         self._latest: WeightsMessage | None = None
         self._arrived = threading.Condition()
+        self._held: dict[str, torch.Tensor] | None = None  # the weights of publication _held_publication
+        self._held_publication = 0
 
     def receive(self, message: WeightsMessage) -> None:
         with self._arrived:
@@ -119,7 +183,14 @@ class ObjectStoreWeightSource:
         with self._arrived:
             self._arrived.wait_for(lambda: self._latest is not None)
             message = self._latest
-        agent.load_state_dict(ray.get(message.refs[0]))
+        if self._held is None or self._held_publication < message.base:
+            state, *deltas = ray.get(message.refs)
+        else:
+            state, deltas = self._held, ray.get(message.refs[self._held_publication - message.base + 1:])
+        for delta in deltas:
+            state = apply_delta(state, delta, self.bound)
+        self._held, self._held_publication = state, message.publication
+        agent.load_state_dict(state)
         return message.version, message.publication
 
 
@@ -130,6 +201,7 @@ class ObjectStoreOutbox:
         self.store = SlotStore(spec, 1, shared=False)
         self.space = threading.Semaphore(in_flight)  # unrolls put and not yet taken
         self.ready: queue.Queue = queue.Queue()
+        self.beat = time.monotonic()
 
     def acquire(self) -> int:
         while not self.space.acquire(timeout=1.0):
@@ -143,7 +215,7 @@ class ObjectStoreOutbox:
         self.ready.put((ray.put(self.store.slot_arrays(slot)), record, time.time()))
 
     def heartbeat(self) -> None:
-        pass  # a hung actor is found by the learner's wait report; Ray finds dead ones
+        self.beat = time.monotonic()
 
 
 class RayActor:
@@ -151,11 +223,12 @@ class RayActor:
 
     def __init__(self, config: TrainConfig, actor_id: int, spec: RolloutSpec, in_flight: int):
         self.config, self.actor_id = config, actor_id
-        self.weights = ObjectStoreWeightSource()
+        self.weights = ObjectStoreWeightSource(delta_bound(config))
         self.outbox = ObjectStoreOutbox(spec, in_flight)
         self.failure: ActorLoopFailed | None = None
-        self._start_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._loop: threading.Thread | None = None
+        self._replied = False
 
     def _run(self, start: StartArgs) -> None:
         try:
@@ -166,11 +239,10 @@ class RayActor:
             self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc())
 
     def take(self, start: StartArgs, weights: WeightsMessage) -> TakeReply:
-        """The next unroll this actor puts (waiting for it); the first call starts the loop."""
+        """The next unroll this actor puts (waiting for it); the first call starts the loop with ``start``."""
         self.weights.receive(weights)
-        with self._start_lock:
-            fresh = self._loop is None
-            if fresh:
+        with self._lock:
+            if self._loop is None:
                 self._loop = threading.Thread(target=self._run, args=(start,), name="impactrl-actor", daemon=True)
                 self._loop.start()
         while True:
@@ -181,10 +253,16 @@ class RayActor:
             except queue.Empty:
                 continue
             self.outbox.space.release()
+            with self._lock:  # the process's first unroll tells the learner where it runs
+                fresh, self._replied = not self._replied, True
             return TakeReply(where_am_i() if fresh else None, [data], record, created_at)
 
     def set_weights(self, weights: WeightsMessage) -> None:
         self.weights.receive(weights)
+
+    def silent_s(self) -> float:
+        """Seconds since the actor loop's last heartbeat (answered by another thread than the loop's)."""
+        return time.monotonic() - self.outbox.beat
 
 
 # --- the learner side -------------------------------------------------------------------------
@@ -193,14 +271,20 @@ class ObjectStoreWeightSink:
 
     The put happens when the learner next asks actors for data, which run_learner does only with
     the agent exactly as last published (after an update that published, or before the first):
-    an update that nobody reads costs no copy.
+    an update that nobody reads costs no copy. With ``weight_delta`` a publication is a delta
+    against the one before (every KEYFRAME_EVERY-th a full copy); ``held`` is what the actors
+    rebuild from them, so lossy errors never add up.
     """
 
     def __init__(self, config: TrainConfig):
         self.every = 1 if config.synchronous else config.publish_interval
+        self.keyframe_every = 1 if config.weight_delta == "off" else KEYFRAME_EVERY
+        self.bound = delta_bound(config)
         self.agent: Agent | None = None
         self.version = -1
         self.message: WeightsMessage | None = None
+        self.held: dict[str, torch.Tensor] | None = None
+        self.stats = {"publications": 0, "full_copies": 0, "bytes_full_copy": 0, "bytes_deltas": 0, "encode_s": 0.0}
 
     def publish(self, agent: Agent, version: int) -> None:
         self.agent, self.version = agent, version
@@ -208,10 +292,42 @@ class ObjectStoreWeightSink:
     def latest(self) -> WeightsMessage:
         message = self.message
         if message is None or (self.version != message.version and self.version - message.version >= self.every):
+            began = time.perf_counter()
             state = {key: value.detach().cpu() for key, value in self.agent.state_dict().items()}
             publication = 1 if message is None else message.publication + 1
-            self.message = WeightsMessage(self.version, publication, [ray.put(state)])
+            stats = self.stats
+            if (publication - 1) % self.keyframe_every == 0:
+                base, refs, payload = publication, [], state
+                if self.keyframe_every > 1:
+                    self.held = {key: value.clone() for key, value in state.items()}
+                stats["full_copies"] += 1
+                stats["bytes_full_copy"] = sum(value.nbytes for value in state.values())
+            else:
+                base, refs = message.base, list(message.refs)
+                payload = encode_delta(state, self.held, self.bound)
+                self.held = apply_delta(self.held, payload, self.bound)
+                stats["bytes_deltas"] += delta_bytes(payload)
+            refs.append(ray.put(payload))
+            self.message = WeightsMessage(self.version, publication, base, refs)
+            stats["publications"] += 1
+            stats["encode_s"] += time.perf_counter() - began
         return self.message
+
+    def report(self) -> dict:
+        """Bytes per broadcast, for run_info.json."""
+        stats = self.stats
+        deltas = stats["publications"] - stats["full_copies"]
+        return {"weight_delta": "off" if self.keyframe_every == 1 else "lossless" if self.bound is None else "lossy",
+                "delta_bound": self.bound, "publications": stats["publications"],
+                "bytes_full_copy": stats["bytes_full_copy"],
+                "bytes_per_delta": stats["bytes_deltas"] / deltas if deltas else None,
+                "bytes_per_publication": ((stats["full_copies"] * stats["bytes_full_copy"] + stats["bytes_deltas"])
+                                          / max(stats["publications"], 1)),
+                "put_ms_per_publication": 1000 * stats["encode_s"] / max(stats["publications"], 1)}
+
+
+def delta_bound(config: TrainConfig) -> float | None:
+    return config.weight_delta_bound if config.weight_delta == "lossy" else None
 
 
 @dataclass
@@ -224,6 +340,9 @@ class ActorHandle:
     pending: set = field(default_factory=set)  # take calls out
     held: int = 0  # its unrolls in the learner's SlotStore
     sent_publication: int = 0
+    last_reply: float = field(default_factory=time.monotonic)
+    probe: object = None  # a silent_s call out, and when it was sent
+    probe_sent: float = 0.0
     incarnations: list = field(default_factory=list)  # where each of its processes ran
     restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
     last_error: str = ""
@@ -272,6 +391,7 @@ class RayActors:
                 done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
             for call in done:
                 self._receive(call)
+            self._find_hung()
         indices = [self.full.popleft() for _ in range(needed)]
         batch = self.store.gather(indices)
         for slot in indices:
@@ -310,6 +430,7 @@ class RayActors:
             actor.last_error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             actor.generation = max(self.learner.counters.updates, actor.generation + 1)
             return
+        actor.last_reply = time.monotonic()
         if reply.where is not None:
             self._started(actor, reply.where)
         slot = self.free.pop()
@@ -319,6 +440,30 @@ class RayActors:
         self.store.record(slot, reply.record, reply.created_at)
         self.full.append(slot)
         actor.held += 1
+
+    def _find_hung(self) -> None:
+        """Kill actors that sent nothing for ``actor_stall_timeout_s`` while asked, and whose loop
+        (or whole process: then the probe goes unanswered) has been silent as long; Ray restarts them."""
+        timeout, now = self.config.actor_stall_timeout_s, time.monotonic()
+        for actor in self.actors:
+            if not actor.pending or now - actor.last_reply < timeout:
+                continue
+            if actor.probe is None:
+                actor.probe, actor.probe_sent = actor.handle.silent_s.remote(), now
+                continue
+            answered = ray.wait([actor.probe], timeout=0)[0]
+            if not answered and now - actor.probe_sent < timeout:
+                continue
+            try:
+                silent = ray.get(actor.probe) if answered else math.inf
+            except ray.exceptions.RayActorError:
+                silent = 0.0  # it died; Ray restarts it
+            # Look again when its silence would reach the timeout.
+            actor.probe, actor.last_reply = None, now - min(silent, timeout)
+            if silent > timeout:
+                actor.last_error = f"sent no heartbeat for {timeout:g} s (hung)"
+                actor.generation = max(self.learner.counters.updates, actor.generation + 1)
+                ray.kill(actor.handle, no_restart=False)
 
     def _loop_failed(self, actor: ActorHandle, failure: ActorLoopFailed | None, error: Exception) -> None:
         trace = failure.trace if failure is not None else str(error)
@@ -371,10 +516,13 @@ def unrolls_in_flight(config: TrainConfig) -> int:
     return math.ceil(config.num_slots / config.num_actors)
 
 
-def write_run_info(run_dir: Path, config: TrainConfig, learner: dict, actors: list[ActorHandle]) -> None:
-    """``RUN_DIR/run_info.json``: where the learner and every process of every actor ran (newest last)."""
+def write_run_info(run_dir: Path, config: TrainConfig, learner: dict, actors: list[ActorHandle],
+                   weights: dict | None = None) -> None:
+    """``RUN_DIR/run_info.json``: where the learner and every process of every actor ran (newest
+    last); at the end also what the weight broadcasts cost."""
     info = {"runtime": "ray", "ray_address": config.ray_address, "learner": learner,
-            "actors": {str(actor.actor_id): actor.incarnations for actor in actors}}
+            "actors": {str(actor.actor_id): actor.incarnations for actor in actors},
+            **({"weights": weights} if weights is not None else {})}
     partial = run_dir / ".run_info.json.partial"
     partial.write_text(json.dumps(info, indent=1))
     partial.replace(run_dir / "run_info.json")
@@ -446,5 +594,6 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
                 return run_learner(learner, actors, weights, run_dir, writer, check_health)
             finally:
                 actors.stop_all()
+                write_run_info(run_dir, config, actors.learner_where, actors.actors, weights.report())
     finally:
         ray.shutdown()  # a local instance stops with it; a joined cluster stays up

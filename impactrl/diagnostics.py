@@ -1,0 +1,304 @@
+"""The troubleshooting guide as rules over the metrics: live warnings and ``impactrl diagnose``.
+
+Each rule reads the metrics lines so far (oldest first; most rules only the last ``WINDOW_S``
+of them) with the run's config and returns a :class:`Finding` or None: what was seen (numbers),
+why it matters and what to change (the exact flag). During training the learner checks the
+rules at every log interval after a warm-up and reports each finding at most once per
+``REPEAT_S``: a line on stderr and a ``diagnostics`` list in that interval's metrics line.
+``impactrl diagnose RUN_DIR`` runs them over a finished or running run and lists what was
+reported during it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from impactrl.config import TrainConfig, coerce, with_values
+from impactrl.errors import UserError
+
+Records = list[dict[str, Any]]
+
+WARMUP_S = 60.0  # live checks start after this much training: start-up transients are not findings
+WINDOW_S = 60.0  # most rules read this much of the most recent metrics
+REPEAT_S = 300.0  # a rule reports again at most this often
+HISTORY = 2000  # lines kept for the rules that read the whole run (entropy, flat returns)
+LAG_LIMIT = 5  # versions; the IMPALA document: lag above 5 made the value error on Pong ~3x worse
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    seen: str  # what the metrics show, with numbers
+    why: str  # why it matters
+    change: str  # what to change, with the exact flags
+
+    def text(self) -> str:
+        return f"[{self.rule}] {self.seen}. {self.why}. Try: {self.change}."
+
+    def record(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def recent(records: Records) -> Records:
+    """The lines of the last WINDOW_S (at least the last two)."""
+    end = records[-1]["wall_time_s"]
+    window = [r for r in records if r["wall_time_s"] >= end - WINDOW_S]
+    return window if len(window) >= 2 else records[-2:]
+
+
+def typical(records: Records, key: str) -> float | None:
+    """The median over the lines that have ``key``: a start-up line or a stall does not sway it."""
+    values = sorted(r[key] for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]))
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def increase(records: Records, key: str) -> int:
+    """How much a cumulative counter grew over the window (0 when it is absent)."""
+    values = [r[key] for r in records if key in r]
+    return values[-1] - values[0] if len(values) >= 2 else 0
+
+
+RULES: dict[str, Callable[[Records, TrainConfig], Finding | None]] = {}
+
+
+def rule(check: Callable[[Records, TrainConfig], Finding | None]):
+    RULES[check.__name__] = check
+    return check
+
+
+@rule
+def learner_starved(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    wait = typical(records, "time/learner_wait_fraction")
+    if wait is None or wait < 0.5:
+        return None
+    return Finding("learner_starved", f"the learner waited for data {wait:.0%} of the time",
+                   "the actors cannot produce unrolls as fast as the learner trains on them, so the learner "
+                   "(and its accelerator) idles",
+                   f"more actors (--num-actors, now {config.num_actors}, while cores are free: {os.cpu_count()} here), "
+                   f"more envs per actor (--envs-per-actor, now {config.envs_per_actor}) to batch inference"
+                   + (", --env-backend envpool" if config.env.startswith("ALE/") else "")
+                   + "; beyond one machine, --runtime ray")
+
+
+@rule
+def actors_blocked(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    wait = typical(records, "time/actor_wait_fraction")
+    learner_wait = typical(records, "time/learner_wait_fraction")
+    # The learner never idles while the actors do: it is the bottleneck. (PPO's actors wait for
+    # new weights by design.)
+    if config.synchronous or wait is None or wait < 0.3 or learner_wait is None or learner_wait > 0.1:
+        return None
+    return Finding("actors_blocked", f"the actors waited for a free slot {wait:.0%} of their time, the learner "
+                   f"for data {learner_wait:.0%} of its time",
+                   "the learner is the bottleneck: unrolls queue up while the actors idle, and queued unrolls "
+                   "grow stale", "a faster learner (--device cuda; --learner-precision bfloat16 on CPUs with "
+                   "AMX/AVX-512 BF16), fewer actors (--num-actors), or, for IMPACT, fewer SGD steps per batch "
+                   "(--buffer-uses)")
+
+
+@rule
+def policy_lag_high(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    lag = typical(records, "policy_lag_mean")
+    off_policy = typical(records, "vtrace/rho_extreme_fraction") or typical(records, "impact/is_weight_clipped_fraction")
+    # Lag alone is harmless while the behaviour and learner policies still agree (IMPACT's K
+    # steps per batch add versions by design); it matters once the importance weights show it.
+    if lag is None or lag <= LAG_LIMIT or off_policy is None or off_policy < 0.05:
+        return None
+    return Finding("policy_lag_high",
+                   f"unrolls were trained on {lag:.1f} versions after the policy that produced them (max "
+                   f"{max(r.get('policy_lag_max') or 0 for r in records)}), and {off_policy:.0%} of their "
+                   "importance weights are far from 1",
+                   f"stale data: the IMPALA document found a lag above {LAG_LIMIT} versions made the value error "
+                   "on Pong about 3x worse", "fewer unrolls in flight (--queue-slots, fewer --num-actors), a larger "
+                   f"--batch-size, or drop stale unrolls with --max-policy-lag {LAG_LIMIT}")
+
+
+@rule
+def importance_weights_exploding(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    extreme = typical(records, "vtrace/rho_extreme_fraction")
+    truncated = typical(records, "impact/is_weight_clipped_fraction")
+    if extreme is not None and extreme >= 0.2:
+        seen = f"{extreme:.0%} of the importance weights π/μ are outside [0.1, 10]"
+    elif truncated is not None and truncated >= 0.3:
+        seen = f"{truncated:.0%} of the weights μ/π_target exceed ρ = {config.target_worker_clip}"
+    else:
+        return None
+    return Finding("importance_weights_exploding", seen,
+                   "the learner's policy is far from the one that acted, so the V-trace targets and policy "
+                   "gradient have high variance", "a lower ρ̄ (--clip-rho-threshold, now "
+                   f"{config.clip_rho_threshold}), a larger --batch-size, or a lower --learning-rate")
+
+
+@rule
+def entropy_collapsed_early(records: Records, config: TrainConfig) -> Finding | None:
+    entropies = [(r["env_steps"], r["loss/entropy"]) for r in records if "loss/entropy" in r]
+    if len(entropies) < 2:
+        return None
+    (_, first), (steps, last) = entropies[0], entropies[-1]
+    if first <= 0 or last > 0.1 * first or steps > 0.25 * config.total_env_steps:
+        return None
+    return Finding("entropy_collapsed_early",
+                   f"the policy's entropy fell from {first:.3f} to {last:.3f} nats within "
+                   f"{steps / config.total_env_steps:.0%} of the step budget",
+                   "the policy became nearly deterministic before it had explored; learning usually stalls "
+                   "there", f"a higher --entropy-cost (now {config.entropy_cost}), a lower --learning-rate, and "
+                   "check that rewards are clipped or normalised (--reward-clip, --normalize-rewards)")
+
+
+@rule
+def returns_flat(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> Finding | None:
+    returns = [(r["env_steps"], r["episode_return_mean"]) for r in records if r.get("episode_return_mean") is not None]
+    if len(returns) < 12 or returns[-1][0] < 0.3 * config.total_env_steps:
+        return None
+    # Best 3-line average in the first two thirds of the window against the last third.
+    smooth = [(returns[i][0], sum(v for _, v in returns[i:i + 3]) / 3) for i in range(len(returns) - 2)]
+    split = 2 * len(smooth) // 3
+    best_before = max(v for _, v in smooth[:split])
+    best_after = max(v for _, v in smooth[split:])
+    if reward_threshold is not None and best_before >= reward_threshold:
+        return None  # solved, not stuck
+    if best_after > best_before + 0.02 * max(abs(best_before), 1.0):
+        return None
+    return Finding("returns_flat",
+                   f"the mean return has not improved over the last {returns[-1][0] - smooth[split][0]:,} env steps "
+                   f"(best {best_before:.2f} before, {best_after:.2f} since)",
+                   "learning has stalled: credit may not reach far enough back, or exploration stopped",
+                   f"longer unrolls (--unroll-length {2 * config.unroll_length}, now {config.unroll_length}), "
+                   f"a higher --entropy-cost (now {config.entropy_cost}), or another --learning-rate")
+
+
+@rule
+def rewards_unclipped(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    largest = typical(records, "reward/batch_abs_max")
+    if config.reward_clip != "none" or config.normalize_rewards or largest is None or largest <= 10:
+        return None
+    return Finding("rewards_unclipped", f"rewards reach |r| = {largest:.3g} per batch on average, unclipped and "
+                   "unnormalised", "large rewards give large, high-variance gradients that the gradient clip then "
+                   "distorts", "--reward-clip abs_one (the Atari practice) or --normalize-rewards")
+
+
+@rule
+def non_finite_updates(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    skipped = increase(records, "updates_skipped")
+    if skipped < 1:
+        return None
+    return Finding("non_finite_updates", f"{skipped} learner updates had a NaN or Inf loss or gradient and were "
+                   "skipped", f"the run stops after --max-skipped-updates {config.max_skipped_updates} in a row",
+                   f"a lower --learning-rate (now {config.learning_rate}) or --grad-norm-clip (now "
+                   f"{config.grad_norm_clip}), scaled rewards (--reward-clip abs_one, --normalize-rewards), and "
+                   "check the env for NaN observations or rewards")
+
+
+@rule
+def actors_restarting(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    restarts, env_errors = increase(records, "actor_restarts"), increase(records, "env_errors")
+    if restarts < 2 and env_errors < 5:
+        return None
+    return Finding("actors_restarting", f"{restarts} actor restarts and {env_errors} env errors in "
+                   f"{records[-1]['wall_time_s'] - records[0]['wall_time_s']:.0f} s",
+                   "each restart or rebuilt env drops an unroll and restarts episodes; the run stops once an "
+                   f"actor exceeds --max-actor-restarts {config.max_actor_restarts}",
+                   "read the tracebacks on stderr (the env or its wrappers raise); an actor killed without one may "
+                   "be out of memory (fewer --num-actors or --envs-per-actor)")
+
+
+@rule
+def throughput_below_env_speed(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    env_alone = typical(records, "time/actor_env_steps_per_s")
+    achieved = typical(records, "env_steps_per_s")
+    inference = typical(records, "time/actor_inference_fraction")
+    if env_alone is None or achieved is None or achieved >= 0.1 * env_alone * config.num_actors:
+        return None
+    return Finding("throughput_below_env_speed",
+                   f"{achieved:,.0f} env steps/s, while one actor's envs alone step at {env_alone:,.0f}/s "
+                   f"(actors spend {inference or 0:.0%} of their time on inference)",
+                   "the envs are not the limit: inference, waiting or the learner is",
+                   f"more envs per actor (--envs-per-actor, now {config.envs_per_actor}) to batch inference; "
+                   "`impactrl bench` shows where the time goes")
+
+
+def diagnose(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> list[Finding]:
+    """Every rule over the metrics lines ``records``; the findings in rule order."""
+    found = []
+    for name, check in RULES.items():
+        finding = (check(records, config, reward_threshold) if name == "returns_flat" else check(records, config))
+        if finding is not None:
+            found.append(finding)
+    return found
+
+
+class LiveDiagnostics:
+    """The rules during training, after WARMUP_S, each reported at most once per REPEAT_S."""
+
+    def __init__(self, config: TrainConfig, reward_threshold: float | None):
+        self.config = config
+        self.reward_threshold = reward_threshold
+        self.history: Records = []
+        self.last_reported: dict[str, float] = {}
+
+    def check(self, record: dict[str, Any]) -> list[Finding]:
+        self.history = [*self.history[-(HISTORY - 1):], record]
+        now = record["wall_time_s"]
+        if now < WARMUP_S or len(self.history) < 2:
+            return []
+        fresh = []
+        for finding in diagnose(self.history, self.config, self.reward_threshold):
+            if now - self.last_reported.get(finding.rule, -math.inf) >= REPEAT_S:
+                self.last_reported[finding.rule] = now
+                fresh.append(finding)
+        return fresh
+
+
+def read_run(run_dir: Path) -> tuple[TrainConfig, Records]:
+    """A run directory's config and metrics lines; UserError when it has none."""
+    run_dir = Path(run_dir)
+    try:
+        values = yaml.safe_load((run_dir / "config.yaml").read_text())
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError as error:
+        raise UserError(f"{run_dir} is not a run directory with metrics ({error.strerror}: {error.filename})") from None
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # the line a running or killed run was writing
+    if not records:
+        raise UserError(f"{run_dir}/metrics.jsonl holds no metrics yet")
+    return with_values(TrainConfig(), coerce(values, "config.yaml")), records
+
+
+def report(run_dir: Path) -> str:
+    """What ``impactrl diagnose`` prints: the rules over the run's last minute, then its live warnings."""
+    from impactrl.runtime.learner import reward_threshold
+
+    config, records = read_run(run_dir)
+    last = records[-1]
+    lines = [f"{run_dir}: {config.algo} on {config.env}, {last['env_steps']:,} env steps in {last['wall_time_s']:.0f} s "
+             f"({len(records)} metrics lines)"]
+    findings = diagnose(records, config, reward_threshold(config.env))
+    lines.append("At the end of the run:" if findings else "At the end of the run: nothing to report.")
+    lines += [f"  {finding.text()}" for finding in findings]
+    logged = Counter(d["rule"] for r in records for d in r.get("diagnostics", []))
+    if logged:
+        lines.append("Reported during the run: " + ", ".join(f"{rule} ({count}x)" for rule, count in logged.items()))
+    return "\n".join(lines)

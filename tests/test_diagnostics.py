@@ -1,0 +1,143 @@
+"""Every diagnostic rule on synthetic metrics: it fires on the symptom, with numbers and a flag,
+and stays quiet on a healthy run."""
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import FAST, run_cli
+from impactrl.config import TrainConfig
+from impactrl.diagnostics import RULES, REPEAT_S, WARMUP_S, LiveDiagnostics, diagnose
+
+CONFIG = TrainConfig(env="CartPole-v1", total_env_steps=1_000_000, num_actors=1)
+
+
+def healthy(i: int, **changes) -> dict:
+    """One metrics line of an unremarkable run, ``i`` log intervals (5 s each) in."""
+    record = {
+        "env_steps": 10_000 * (i + 1), "wall_time_s": 5.0 * (i + 1), "learner_updates": 50 * (i + 1),
+        "env_steps_per_s": 20_000.0, "episode_return_mean": 10.0 + 5 * i, "policy_lag_mean": 2.0,
+        "policy_lag_max": 4, "time/learner_wait_fraction": 0.2, "time/actor_wait_fraction": 0.1,
+        "time/actor_inference_fraction": 0.4, "time/actor_env_steps_per_s": 50_000.0,
+        "vtrace/rho_extreme_fraction": 0.01, "loss/entropy": 0.69, "reward/batch_abs_max": 1.0,
+        "actor_restarts": 0, "env_errors": 0, "updates_skipped": 0,
+    }
+    record.update(changes)
+    return record
+
+
+def run_of(length: int = 40, **changes) -> list[dict]:
+    return [healthy(i, **changes) for i in range(length)]
+
+
+def test_a_healthy_run_has_no_findings():
+    assert diagnose(run_of(), CONFIG) == []
+
+
+def fired(records, config=CONFIG, **kwargs):
+    return {finding.rule: finding for finding in diagnose(records, config, **kwargs)}
+
+
+@pytest.mark.parametrize("rule, records, flag", [
+    ("learner_starved", run_of(**{"time/learner_wait_fraction": 0.8}), "--num-actors"),
+    ("actors_blocked", run_of(**{"time/actor_wait_fraction": 0.7, "time/learner_wait_fraction": 0.0}),
+     "--device cuda"),
+    ("policy_lag_high", run_of(policy_lag_mean=9.0, **{"vtrace/rho_extreme_fraction": 0.1}), "--max-policy-lag 5"),
+    ("importance_weights_exploding", run_of(**{"vtrace/rho_extreme_fraction": 0.3}), "--clip-rho-threshold"),
+    ("rewards_unclipped", run_of(**{"reward/batch_abs_max": 200.0}), "--reward-clip abs_one"),
+    ("throughput_below_env_speed", run_of(env_steps_per_s=2_000.0), "--envs-per-actor"),
+])
+def test_rule_fires_on_its_symptom(rule, records, flag):
+    finding = fired(records)[rule]
+    assert flag in finding.change and any(ch.isdigit() for ch in finding.seen)
+    assert finding.why and finding.text().startswith(f"[{rule}]")
+
+
+def test_impact_importance_weights_use_its_truncation_statistic():
+    records = [{**r, "impact/is_weight_clipped_fraction": 0.5} for r in run_of()]
+    for r in records:
+        del r["vtrace/rho_extreme_fraction"]
+    assert "importance_weights_exploding" in fired(records, dataclasses.replace(CONFIG, algo="impact"))
+
+
+def test_lag_alone_is_not_a_finding_while_the_policies_agree():
+    assert "policy_lag_high" not in fired(run_of(policy_lag_mean=9.0))
+
+
+def test_ppo_actors_waiting_for_weights_is_not_a_finding():
+    records = run_of(**{"time/actor_wait_fraction": 0.9, "time/learner_wait_fraction": 0.0})
+    assert "actors_blocked" not in fired(records, dataclasses.replace(CONFIG, algo="ppo"))
+
+
+def test_entropy_collapsing_early():
+    records = run_of(length=10)
+    records[-1]["loss/entropy"] = 0.01
+    assert "entropy_collapsed_early" in fired(records)
+    late = run_of(length=40)  # 400k of 1M steps: past the first quarter, a low entropy is no alarm
+    late[-1]["loss/entropy"] = 0.01
+    assert "entropy_collapsed_early" not in fired(late)
+
+
+def test_returns_flat_for_long_unless_solved():
+    records = run_of(length=40)
+    for r in records[10:]:
+        r["episode_return_mean"] = 100.0
+    finding = fired(records)["returns_flat"]
+    assert "--unroll-length 40" in finding.change
+    assert "returns_flat" not in fired(records, reward_threshold=95.0)
+    assert "returns_flat" not in fired(run_of(length=40))  # still improving
+
+
+def test_counters_that_grow_are_findings():
+    records = run_of()
+    records[-1].update(updates_skipped=3, actor_restarts=2, env_errors=7)
+    found = fired(records)
+    assert "3 learner updates" in found["non_finite_updates"].seen
+    assert "2 actor restarts and 7 env errors" in found["actors_restarting"].seen
+
+
+def test_rewards_already_clipped_are_not_a_finding():
+    records = run_of(**{"reward/batch_abs_max": 200.0})
+    assert "rewards_unclipped" not in fired(records, dataclasses.replace(CONFIG, reward_clip="abs_one"))
+
+
+def test_every_rule_has_a_test_here():
+    tested = {"learner_starved", "actors_blocked", "policy_lag_high", "importance_weights_exploding",
+              "rewards_unclipped", "throughput_below_env_speed", "entropy_collapsed_early", "returns_flat",
+              "non_finite_updates", "actors_restarting"}
+    assert set(RULES) == tested
+
+
+def test_live_checks_wait_for_the_warm_up_and_do_not_repeat():
+    live = LiveDiagnostics(CONFIG, reward_threshold=None)
+    starved = run_of(length=200, **{"time/learner_wait_fraction": 0.9})
+    reports = {r["wall_time_s"]: live.check(r) for r in starved}
+    times = [t for t, found in reports.items() if found]
+    assert times[0] >= WARMUP_S and times[1] - times[0] >= REPEAT_S
+
+
+def test_diagnose_names_the_starved_learner_of_a_real_run(run_dir):
+    # One env feeding batches of 8 unrolls: the learner waits for data nearly all the time.
+    run_cli("train", "--env", "CartPole-v1", "--num-actors", "1", "--envs-per-actor", "1", "--batch-size", "8",
+            "--total-env-steps", "20000", "--log-interval-s", "1", "--out", str(run_dir), check=True)
+    result = run_cli("diagnose", str(run_dir), check=True)
+    assert "[learner_starved] the learner waited for data" in result.stdout and "--num-actors" in result.stdout
+    assert "[actors_blocked]" not in result.stdout
+
+
+def test_diagnose_names_the_blocked_actors_of_a_real_run(run_dir):
+    # IMPACT taking 20 SGD steps on every batch: the actors wait for free slots.
+    run_cli("train", "--algo", "impact", "--env", "CartPole-v1", "--num-actors", "1", "--buffer-uses", "20",
+            "--total-env-steps", "60000", "--log-interval-s", "1", "--out", str(run_dir), check=True)
+    result = run_cli("diagnose", str(run_dir), check=True)
+    assert "[actors_blocked] the actors waited for a free slot" in result.stdout, result.stdout
+    assert "[learner_starved]" not in result.stdout
+
+
+def test_max_policy_lag_drops_and_counts_stale_unrolls(run_dir):
+    run_cli("train", "--env", "CartPole-v1", *FAST, "--max-policy-lag", "1", "--total-env-steps", "20000",
+            "--out", str(run_dir), check=True)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["unrolls_dropped"] > 0 and records[-1]["env_steps"] >= 20000
+    assert all(r["policy_lag_max"] <= 1 for r in records if r["policy_lag_max"] is not None)
