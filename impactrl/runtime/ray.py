@@ -153,6 +153,11 @@ def delta_bytes(delta: dict) -> int:
     return sum(sum(map(len, payload[-1])) if kind != "whole" else payload[0].nbytes for kind, *payload in delta.values())
 
 
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def where_am_i() -> dict:
     return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
             "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
@@ -427,7 +432,8 @@ class RayActors:
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
             # The process died (its unrolls in the object store with it): Ray restarts it, and the
             # takes sent from now on wait for the new process, which gets a new generation of seeds.
-            actor.last_error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            # Keep a reason already known (a hang found, a loop that raised) over Ray's report of the kill.
+            actor.last_error = actor.last_error or first_line(error)
             actor.generation = max(self.learner.counters.updates, actor.generation + 1)
             return
         actor.last_reply = time.monotonic()
@@ -469,7 +475,7 @@ class RayActors:
         trace = failure.trace if failure is not None else str(error)
         if failure is not None and failure.fatal:
             raise ActorFailed(f"actor {actor.actor_id} failed:\n{trace.rstrip()}")
-        actor.last_error = trace.strip().splitlines()[-1]
+        actor.last_error = trace.strip().splitlines()[-1]  # the exception, after its traceback
         actor.generation = max(self.learner.counters.updates, actor.generation + 1)
         ray.kill(actor.handle, no_restart=False)  # Ray restarts it in a fresh process
 
@@ -550,8 +556,7 @@ def preflight(config: TrainConfig) -> None:
     try:
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"--ray-address {config.ray_address}: cannot join the Ray cluster: {first}") from None
+        raise UserError(f"--ray-address {config.ray_address}: cannot join the Ray cluster: {first_line(error)}") from None
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
     capacity = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items() if amount > 0),
                        default=config.num_actors) for node in nodes)
