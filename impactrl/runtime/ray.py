@@ -2,19 +2,21 @@
 
 Data flow (the only channels there are)::
 
-    actor i: run_actor on a thread of a Ray actor; each unroll is written into its one
-             preallocated slot, ray.put into its node's object store (one copy), and queued;
-             at most ``in_flight`` put and not yet taken, then it waits (backpressure)
-    learner -> actor i: take(start, weights)   keeps ``in_flight`` take calls out per actor,
-             fewer while it holds unrolls of that actor it has not trained on yet
-    actor i -> learner: the reply to take: the unroll's ObjectRef and its UnrollRecord;
-             the learner ray.gets it, copies it into its own SlotStore and lets it go
-    learner -> actors: weights ray.put once per publication (at most every
-             ``publish_interval`` updates); the ObjectRef rides on take calls, and on
-             set_weights for actors that have all their takes out (PPO waits for it)
+    actor i: run_actor on a thread of a Ray actor writes each unroll into its one preallocated
+             slot; commit copies it out and queues it; at most ``in_flight`` copies not yet
+             taken, then the loop waits for the learner (backpressure)
+    learner -> actor i: take(start, weights)   ``in_flight`` calls out per actor, fewer while
+             the learner holds unrolls of that actor it has not trained on yet
+    actor i -> learner: the reply to a take: one queued unroll and its UnrollRecord (Ray keeps
+             a reply over 100 KiB in the object store, owned by the learner); the learner
+             copies it into its own SlotStore, and gathers batches from there
+    learner -> actors: the weights, once per publication (at most every ``publish_interval``
+             updates; PPO's every one), ride on take calls, and on set_weights for actors
+             whose takes are all out (a PPO actor waits for them); inline when small, else
+             ray.put once and passed by reference; optionally as deltas (``weight_delta``)
 
-So memory is bounded whatever the speed ratio: per actor at most ``in_flight`` unrolls in the
-object store and ``in_flight`` in the learner's SlotStore.
+So memory is bounded whatever the speed ratio: per actor at most ``in_flight`` unrolls queued
+in the actor, ``in_flight`` replies in flight and ``in_flight`` in the learner's SlotStore.
 
 Faults are Ray's to repair: actors are created with ``max_restarts=-1``, so Ray restarts a
 killed worker (or an actor whose node left the cluster, on a node that has room) in a fresh
@@ -64,13 +66,13 @@ except ImportError:  # an optional extra: preflight says how to install it
 
 class WeightsMessage(NamedTuple):
     """The newest weights as actors receive them: a full copy (publication ``base``), then the
-    deltas up to ``publication``. The ObjectRefs sit in a list so that Ray hands them over as
-    references, fetched only at the actor's next unroll boundary, and only those it lacks."""
+    deltas up to ``publication``, each the payload itself when small (it travels inside the call)
+    or its ObjectRef (put once; an actor fetches it at an unroll boundary, and only what it lacks)."""
 
     version: int
     publication: int
     base: int
-    refs: list
+    parts: list
 
 
 class StartArgs(NamedTuple):
@@ -82,9 +84,24 @@ class StartArgs(NamedTuple):
 
 class TakeReply(NamedTuple):
     where: dict | None  # the process's placement, with the first unroll it hands out
-    data: list  # [ObjectRef of the unroll's arrays]
+    arrays: dict[str, np.ndarray]  # the unroll (Ray keeps a large reply in the object store)
     record: UnrollRecord
     created_at: float
+
+
+# Ray passes smaller values inside a call (its max_direct_call_object_size); larger weights are
+# put in the object store once and passed by reference. A put costs ~1 ms however small.
+INLINE_BYTES = 100 * 1024
+
+
+def shipped(payload, size: int):
+    return payload if size < INLINE_BYTES else ray.put(payload)
+
+
+def received(parts: list) -> list:
+    refs = [part for part in parts if isinstance(part, ray.ObjectRef)]
+    fetched = dict(zip(refs, ray.get(refs)))
+    return [fetched[part] if isinstance(part, ray.ObjectRef) else part for part in parts]
 
 
 class ActorLoopFailed(Exception):
@@ -189,9 +206,10 @@ class ObjectStoreWeightSource:
             self._arrived.wait_for(lambda: self._latest is not None)
             message = self._latest
         if self._held is None or self._held_publication < message.base:
-            state, *deltas = ray.get(message.refs)
+            full, *deltas = received(message.parts)
+            state = {key: torch.from_numpy(np.array(value)) for key, value in full.items()}
         else:
-            state, deltas = self._held, ray.get(message.refs[self._held_publication - message.base + 1:])
+            state, deltas = self._held, received(message.parts[self._held_publication - message.base + 1:])
         for delta in deltas:
             state = apply_delta(state, delta, self.bound)
         self._held, self._held_publication = state, message.publication
@@ -200,7 +218,8 @@ class ObjectStoreWeightSource:
 
 
 class ObjectStoreOutbox:
-    """RolloutSink of one actor: one preallocated slot, copied into the object store on commit."""
+    """RolloutSink of one actor: one preallocated slot, copied out on commit (at most ``in_flight``
+    copies not yet taken by the learner)."""
 
     def __init__(self, spec: RolloutSpec, in_flight: int):
         self.store = SlotStore(spec, 1, shared=False)
@@ -217,7 +236,8 @@ class ObjectStoreOutbox:
         return self.store.slot_arrays(slot)
 
     def commit(self, slot: int, record: UnrollRecord) -> None:
-        self.ready.put((ray.put(self.store.slot_arrays(slot)), record, time.time()))
+        arrays = {key: value.copy() for key, value in self.store.slot_arrays(slot).items()}
+        self.ready.put((arrays, record, time.time()))
 
     def heartbeat(self) -> None:
         self.beat = time.monotonic()
@@ -254,13 +274,13 @@ class RayActor:
             if self.failure is not None:
                 raise self.failure
             try:
-                data, record, created_at = self.outbox.ready.get(timeout=1.0)
+                arrays, record, created_at = self.outbox.ready.get(timeout=1.0)
             except queue.Empty:
                 continue
             self.outbox.space.release()
             with self._lock:  # the process's first unroll tells the learner where it runs
                 fresh, self._replied = not self._replied, True
-            return TakeReply(where_am_i() if fresh else None, [data], record, created_at)
+            return TakeReply(where_am_i() if fresh else None, arrays, record, created_at)
 
     def set_weights(self, weights: WeightsMessage) -> None:
         self.weights.receive(weights)
@@ -298,22 +318,22 @@ class ObjectStoreWeightSink:
         message = self.message
         if message is None or (self.version != message.version and self.version - message.version >= self.every):
             began = time.perf_counter()
-            state = {key: value.detach().cpu() for key, value in self.agent.state_dict().items()}
+            state = {key: value.detach().cpu().clone() for key, value in self.agent.state_dict().items()}
             publication = 1 if message is None else message.publication + 1
             stats = self.stats
             if (publication - 1) % self.keyframe_every == 0:
-                base, refs, payload = publication, [], state
-                if self.keyframe_every > 1:
-                    self.held = {key: value.clone() for key, value in state.items()}
+                base, parts, self.held = publication, [], state
+                size = stats["bytes_full_copy"] = sum(value.nbytes for value in state.values())
+                payload = {key: value.numpy() for key, value in state.items()}
                 stats["full_copies"] += 1
-                stats["bytes_full_copy"] = sum(value.nbytes for value in state.values())
             else:
-                base, refs = message.base, list(message.refs)
+                base, parts = message.base, list(message.parts)
                 payload = encode_delta(state, self.held, self.bound)
                 self.held = apply_delta(self.held, payload, self.bound)
-                stats["bytes_deltas"] += delta_bytes(payload)
-            refs.append(ray.put(payload))
-            self.message = WeightsMessage(self.version, publication, base, refs)
+                size = delta_bytes(payload)
+                stats["bytes_deltas"] += size
+            parts.append(shipped(payload, size))
+            self.message = WeightsMessage(self.version, publication, base, parts)
             stats["publications"] += 1
             stats["encode_s"] += time.perf_counter() - began
         return self.message
@@ -425,7 +445,6 @@ class RayActors:
         actor.pending.discard(call)
         try:
             reply: TakeReply = ray.get(call)
-            arrays = ray.get(reply.data[0])
         except ray.exceptions.RayTaskError as error:
             self._loop_failed(actor, error.cause if isinstance(error.cause, ActorLoopFailed) else None, error)
             return
@@ -441,7 +460,7 @@ class RayActors:
             self._started(actor, reply.where)
         slot = self.free.pop()
         target = self.store.slot_arrays(slot)
-        for key, value in arrays.items():
+        for key, value in reply.arrays.items():
             target[key][...] = value
         self.store.record(slot, reply.record, reply.created_at)
         self.full.append(slot)
