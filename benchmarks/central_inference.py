@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--env-backend", default="gymnasium", choices=["gymnasium", "envpool"])
     args = parser.parse_args()
-    config, _ = resolve_train_config(["--env", args.env, "--env-backend", args.env_backend])
+    config = resolve_train_config(["--env", args.env, "--env-backend", args.env_backend]).config
     context = mp.get_context("spawn")
     result = context.Array("d", args.processes)
     workers = [context.Process(target=actor_side_worker, args=(config, i, args.seconds, result))

@@ -19,7 +19,6 @@ Prints one JSON line with the milliseconds per step and the ratios learner/bare 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 
@@ -104,7 +103,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the learner's share of the cores)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config, _ = resolve_train_config(["--algo", args.algo, "--env", args.env, "--no-lr-decay"])
+    config = resolve_train_config(["--algo", args.algo, "--env", args.env, "--no-lr-decay"]).config
     env = make_training_envs(config, 1)
     torch.manual_seed(0)
     learner_agent = make_agent(config, env.observation_space, env.action_space)

@@ -15,16 +15,22 @@ from typing import Any
 import numpy as np
 
 from impactrl.data.rollout import ACTOR_STAGES
+from impactrl.errors import UserError
 
 LEARNER_STAGES = ("wait", "train")
 
 
 def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
-    """Throughput and time split over the metrics lines after ``warmup_s`` seconds."""
+    """Throughput and time split over the metrics lines from ``warmup_s`` seconds after data first
+    reached the learner (a loaded machine can take long to start the actors)."""
     records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
-    start = next((i for i, r in enumerate(records) if r["wall_time_s"] >= warmup_s), None)
+    flowing = next((r["wall_time_s"] for r in records if r["env_steps"] > 0), None)
+    start = None if flowing is None else next(
+        (i for i, r in enumerate(records) if r["wall_time_s"] >= flowing + warmup_s), None)
     if start is None or start + 1 >= len(records):
-        raise RuntimeError(f"the run logged too few lines after the {warmup_s}s warm-up; run longer")
+        raise UserError(f"the run logged too few metrics lines {warmup_s:g} s after its first batch"
+                        + ("" if flowing is None else f" (which came {flowing:.0f} s in)")
+                        + "; give it more --seconds")
     first, steady = records[start], records[start + 1:]
     last = steady[-1]
     summary: dict[str, Any] = {

@@ -13,12 +13,12 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import tyro
 import yaml
 
-from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml
+from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml, unread_settings
 from impactrl.errors import ActorFailed, TrainingDiverged, UserError
 
 USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
@@ -37,20 +37,24 @@ FIXED_ON_RESUME = ("env", "algo", "torso", "hidden_sizes", "use_lstm", "lstm_siz
                    "normalize_observations", "normalize_rewards", "squash_actions", "optimizer", "frame_stack")
 
 
-def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None, str | None]:
-    """Defaults < the algorithm's and env family's presets (or the resumed run's config) < --config FILE.yaml < flags.
+class TrainRequest(NamedTuple):
+    config: TrainConfig
+    resume: Path | None  # the run directory to continue
+    checkpoint: str | None  # the checkpoint named with --checkpoint
+    quiet: bool  # --quiet: nothing on the terminal (train.log still gets it all)
 
-    Returns the config, the run directory to resume and the checkpoint named with --checkpoint.
-    """
-    from impactrl.envs import check_env_id, env_family
 
+def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
+    """Defaults < the presets (or the resumed run's config) < --config FILE.yaml < flags."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", type=Path)
     pre.add_argument("--resume", type=Path)
     pre.add_argument("--checkpoint")
+    pre.add_argument("--quiet", action="store_true")
     pre.add_argument("--env")
     pre.add_argument("--algo")
     known, rest = pre.parse_known_args(list(argv))
+    help_only = "-h" in rest or "--help" in rest
     if known.checkpoint is not None and known.resume is None:
         raise UserError("--checkpoint picks the checkpoint of a --resume; add --resume RUN_DIR")
     if known.algo is not None:
@@ -62,7 +66,11 @@ def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None,
             raise UserError(f"--resume {known.resume}: no config.yaml there, so it is not an impactrl run directory")
         values = load_yaml(saved)
         values["out"] = known.resume
+    elif help_only:
+        values = {}  # --help shows the plain defaults, without loading env registries for a preset
     else:
+        from impactrl.envs import check_env_id, env_family
+
         env_id = known.env or file_values.get("env") or TrainConfig.env
         algo = known.algo or file_values.get("algo") or TrainConfig.algo
         check_env_id(env_id)
@@ -71,20 +79,35 @@ def resolve_train_config(argv: Sequence[str]) -> tuple[TrainConfig, Path | None,
     if known.env is not None:
         values["env"] = known.env
     base = dataclasses.replace(TrainConfig(), **coerce(values, "config"))
-    if "-h" in rest or "--help" in rest:
+    if help_only:
         print("  --config FILE.yaml    settings to start from (flags override them)\n"
               "  --resume RUN_DIR      continue the run in RUN_DIR from its newest readable checkpoint\n"
-              "  --checkpoint NAME     with --resume: continue from this one instead (e.g. ckpt_0000001200)\n")
+              "  --checkpoint NAME     with --resume: continue from this one instead (e.g. ckpt_0000001200)\n"
+              "  --quiet               nothing on the terminal (RUN_DIR/train.log still gets every line)\n"
+              "Defaults below are before presets: the env family's and the algorithm's (impactrl/configs/)\n"
+              "apply on top of them.\n")
     config = tyro.cli(TrainConfig, default=base, args=rest, prog="impactrl train")
-    return config, known.resume, known.checkpoint
+    from impactrl.envs import env_family
+
+    given = set(file_values) | {flag_name(arg) for arg in rest if arg.startswith("--")}
+    for problem in unread_settings(config, given, env_family(config.env)):
+        print(f"impactrl train: warning: {problem}; ignored", file=sys.stderr)
+    return TrainRequest(config, known.resume, known.checkpoint, known.quiet)
+
+
+def flag_name(arg: str) -> str:
+    """``--no-use-lstm`` and ``--learning-rate=0.1`` -> the setting names ``use_lstm``, ``learning_rate``."""
+    name = arg[2:].split("=", 1)[0].replace("-", "_")
+    return name[3:] if name.startswith("no_") else name
 
 
 def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: str | None = None):
     """Check everything that can be checked without starting a process; return what was loaded."""
     import torch
 
-    from impactrl.build import env_options, make_agent, make_training_envs
+    from impactrl.build import env_options, make_agent, make_training_envs, rollout_spec
     from impactrl.checkpoint import load_checkpoint
+    from impactrl.data.rollout import data_bytes
     from impactrl.envs import check_env_id
     from impactrl.runtime import preflight
 
@@ -96,16 +119,27 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
     env = make_training_envs(config, 1)
     try:
-        make_agent(config, env.observation_space, env.action_space)
+        agent = make_agent(config, env.observation_space, env.action_space)
+        slot_bytes = data_bytes(rollout_spec(config, agent, env.observation_space))
     finally:
         env.close()
+    # The slots, plus the learner's copies: the batch being gathered, one pending and IMPACT's buffer.
+    batches_held = 2 + (config.buffer_batches if config.algo == "impact" else 0)
+    needed = slot_bytes * (config.num_slots + batches_held * config.slots_per_batch)
+    available = available_memory_bytes()
+    if available is not None and needed > 0.8 * available:
+        raise UserError(f"rollout data would need {needed / 2**30:.1f} GiB ({config.num_slots} slots of "
+                        f"{slot_bytes / 2**20:.1f} MiB plus {batches_held} batches in the learner), more than 80% of "
+                        f"the {available / 2**30:.1f} GiB available: lower --unroll-length, --envs-per-actor, "
+                        "--batch-size or --queue-slots")
     run_dir = config.run_dir()
     checkpoint = None
     if resume is not None:
         checkpoint = load_checkpoint(run_dir, checkpoint_name)
         saved = coerce(yaml.safe_load(checkpoint["config"]), "the checkpoint's config")
         changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (the run has {saved[name]!r})"
-                   for name in FIXED_ON_RESUME if name in saved and _comparable(getattr(config, name)) != _comparable(saved[name])]
+                   for name in FIXED_ON_RESUME
+                   if name in saved and _comparable(getattr(config, name)) != _comparable(saved[name])]
         if changed:
             raise UserError(f"--resume {run_dir}: {'; '.join(changed)}: these settings shape the model and cannot "
                             "change in a resumed run; start a new run with --out instead")
@@ -113,6 +147,17 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError(f"--out {run_dir} already holds files; continue it with --resume {run_dir} or pick a new --out")
     preflight(config)  # last: it may join a Ray cluster
     return checkpoint
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _comparable(value):
@@ -146,7 +191,7 @@ def write_config(run_dir: Path, config: TrainConfig) -> None:
 
 
 def train(argv: Sequence[str]) -> int:
-    config, resume, checkpoint_name = resolve_train_config(argv)
+    config, resume, checkpoint_name, quiet = resolve_train_config(argv)
     checkpoint = validate_train(config, resume, checkpoint_name)
     # A scheduler's SIGTERM stops the run like Ctrl-C: checkpoint first, then exit. (Background
     # jobs of a non-interactive shell ignore SIGINT, so SIGTERM is how such runs are stopped.)
@@ -160,7 +205,7 @@ def train(argv: Sequence[str]) -> int:
     run_dir = config.run_dir()
     create_run_dir(run_dir)
     write_config(run_dir, config)
-    counters = run_training(config, learner, spec, run_dir)
+    counters = run_training(config, learner, spec, run_dir, quiet)
     print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
           f"{counters.wall_time_s:.1f}s; run in {run_dir}")
     return 0
@@ -183,19 +228,21 @@ def bench(argv: Sequence[str]) -> int:
     from impactrl.training import build_learner, train as run_training
 
     run_dir = scratch_dir()
-    config, _, _ = resolve_train_config([*rest, "--out", str(run_dir), "--total-env-steps", str(10**12),
-                                         "--max-wall-time-s", str(known.seconds), "--log-interval-s", "2",
-                                         "--checkpoint-interval-s", str(10**9)])
+    config = resolve_train_config([*rest, "--out", str(run_dir), "--total-env-steps", str(10**12),
+                                   "--max-wall-time-s", str(known.seconds), "--log-interval-s", "2",
+                                   "--checkpoint-interval-s", str(10**9)]).config
     validate_train(config, None)
     learner, spec = build_learner(config, None)
-    create_run_dir(run_dir)
-    write_config(run_dir, config)
-    run_training(config, learner, spec, run_dir, quiet=True)
-    summary = summarize(run_dir / "metrics.jsonl", known.warmup_seconds)
+    try:
+        create_run_dir(run_dir)
+        write_config(run_dir, config)
+        run_training(config, learner, spec, run_dir, quiet=True)
+        summary = summarize(run_dir / "metrics.jsonl", known.warmup_seconds)
+    finally:
+        shutil.rmtree(run_dir.parent, ignore_errors=True)
     print(format_summary(summary, config.env, config.algo))
     print(json.dumps({"env": config.env, "algo": config.algo, "num_actors": config.num_actors,
                       "envs_per_actor": config.envs_per_actor, **summary}))
-    shutil.rmtree(run_dir.parent, ignore_errors=True)
     return 0
 
 

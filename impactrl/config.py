@@ -1,7 +1,8 @@
 """Training configuration: one typed, frozen dataclass whose fields are the CLI flags.
 
-Resolution order (later wins): field defaults < the env family's preset < ``--config FILE.yaml``
-< flags on the command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts
+Resolution order (later wins): field defaults < the presets (the env family's, the algorithm's,
+the algorithm's for the family: see ``preset_files``) < ``--config FILE.yaml`` < flags on the
+command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts
 from it. Values derived from others (unrolls per slot, number of slots) are properties, never
 fields rewritten after parsing.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -72,7 +75,8 @@ class TrainConfig:
     unroll_length: int = 20
     """Steps per unroll (T); each unroll also carries the next observation for bootstrapping."""
     batch_size: int = 32
-    """Unrolls (one per environment) per learner batch; a multiple of envs_per_actor."""
+    """IMPALA, IMPACT: unrolls (one per environment) per learner batch; a multiple of envs_per_actor.
+    PPO (synchronous) always takes one from every env: num_actors * envs_per_actor."""
     queue_slots: int = 0
     """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
     max_policy_lag: int | None = None
@@ -184,7 +188,8 @@ class TrainConfig:
     adam_eps: float = 1e-5
     """Adam epsilon."""
     lr_decay: bool = True
-    """Anneal the learning rate linearly to 0 over total_env_steps."""
+    """Anneal the learning rate linearly to 0 over total_env_steps, or over max_wall_time_s when that
+    budget ends first (then the schedule depends on the machine's speed)."""
     grad_norm_clip: float = 40.0
     """Clip the global gradient norm to this value."""
     learner_precision: Literal["float32", "bfloat16"] = "float32"
@@ -217,9 +222,14 @@ class TrainConfig:
         return self.algo == "ppo"
 
     @property
+    def unrolls_per_batch(self) -> int:
+        """Unrolls (one env's T steps each) in a learner batch; PPO's is every env's."""
+        return self.num_actors * self.envs_per_actor if self.synchronous else self.batch_size
+
+    @property
     def slots_per_batch(self) -> int:
         """Actor unrolls (shared-memory slots) that make one learner batch."""
-        return self.batch_size // self.envs_per_actor
+        return self.unrolls_per_batch // self.envs_per_actor
 
     @property
     def target_update_period(self) -> int:
@@ -233,7 +243,7 @@ class TrainConfig:
 
     @property
     def steps_per_batch(self) -> int:
-        return self.batch_size * self.unroll_length
+        return self.unrolls_per_batch * self.unroll_length
 
     def run_dir(self) -> Path:
         return self.out if self.out is not None else Path("runs") / f"{self.env.replace('/', '_')}-{self.algo}-seed{self.seed}"
@@ -251,11 +261,13 @@ def problems(config: TrainConfig) -> list[str]:
             found.append(f"{name} must be >= 1, got {value}")
     if any(size < 1 for size in config.hidden_sizes) or not config.hidden_sizes:
         found.append(f"hidden_sizes must be positive integers, got {list(config.hidden_sizes)}")
-    if config.batch_size >= 1 and config.envs_per_actor >= 1 and config.batch_size % config.envs_per_actor:
+    if (not config.synchronous and config.batch_size >= 1 and config.envs_per_actor >= 1
+            and config.batch_size % config.envs_per_actor):
         found.append(f"batch_size={config.batch_size} must be a multiple of envs_per_actor={config.envs_per_actor}")
-    if config.synchronous and config.batch_size != config.num_actors * config.envs_per_actor:
-        found.append(f"ppo is synchronous: batch_size={config.batch_size} must equal num_actors * envs_per_actor "
-                     f"= {config.num_actors * config.envs_per_actor}")
+    if config.total_env_steps >= 1 and config.steps_per_batch > config.total_env_steps:
+        found.append(f"total_env_steps={config.total_env_steps:,} is less than one batch ({config.unrolls_per_batch} unrolls "
+                     f"of {config.unroll_length} steps = {config.steps_per_batch:,}): raise --total-env-steps or lower "
+                     "--unroll-length or the batch")
     if config.algo == "ppo" and config.num_minibatches > config.steps_per_batch:
         found.append(f"num_minibatches={config.num_minibatches} exceeds the {config.steps_per_batch} steps of a batch")
     if config.target_update_interval < 0:
@@ -346,16 +358,47 @@ def ray_actor_resources(config: TrainConfig) -> dict[str, float]:
     return {name: float(amount) for name, _, amount in (item.partition("=") for item in config.ray_actor_resources)}
 
 
+# Settings only some algorithms, env families or optimisers read.
+READ_ONLY_BY = {
+    "IMPACT": ({"impact"}, ("buffer_batches", "buffer_uses", "target_update_interval", "target_update_tau",
+                            "target_scoring", "use_target_network", "target_worker_clip", "use_kl_loss", "kl_coeff",
+                            "kl_target")),
+    "PPO": ({"ppo"}, ("gae_lambda", "update_epochs", "num_minibatches", "clip_value_loss")),
+    "IMPACT and PPO": ({"impact", "ppo"}, ("clip_param", "normalize_advantages")),
+    "IMPALA and IMPACT (V-trace)": ({"impala", "impact"}, ("clip_rho_threshold", "clip_pg_rho_threshold",
+                                                           "clip_c_threshold", "vtrace_lambda", "batch_size",
+                                                           "max_policy_lag")),
+}
+ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life")
+OPTIMIZER_SETTINGS = {"rmsprop": ("rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum"), "adam": ("adam_eps",)}
+
+
+def unread_settings(config: TrainConfig, given: set[str], family: str) -> list[str]:
+    """The settings in ``given`` (set by flag or config file) that this run never reads, each with why."""
+    found = []
+    for owners, (algos, names) in READ_ONLY_BY.items():
+        found += [f"--{n.replace('_', '-')} is read by {owners} only, not --algo {config.algo}"
+                  for n in names if n in given and config.algo not in algos]
+    if family != "atari":
+        found += [f"--{n.replace('_', '-')} is read on Atari only" for n in ATARI_SETTINGS if n in given]
+    for optimizer, names in OPTIMIZER_SETTINGS.items():
+        if optimizer != config.optimizer:
+            found += [f"--{n.replace('_', '-')} is read by --optimizer {optimizer} only" for n in names if n in given]
+    return found
+
+
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
 def preset_files(algo: str, family: str) -> list[Path]:
-    """The preset YAML files for an algorithm on an env family, general first.
+    """The preset YAML files for an algorithm on an env family, in the order they apply.
 
-    ``impactrl/configs/{algo}.yaml`` holds the algorithm's own defaults and
-    ``{algo}-{family}.yaml`` what a family needs on top (either may be missing).
+    ``env-{family}.yaml``: what the family needs whatever the algorithm (preprocessing, reward
+    clipping, network, normalisation); ``{algo}.yaml``: the algorithm's own defaults;
+    ``{algo}-{family}.yaml``: the algorithm's tuning for the family. Any may be missing.
     """
-    return [path for path in (PRESET_DIR / f"{algo}.yaml", PRESET_DIR / f"{algo}-{family}.yaml") if path.exists()]
+    names = (f"env-{family}.yaml", f"{algo}.yaml", f"{algo}-{family}.yaml")
+    return [PRESET_DIR / name for name in names if (PRESET_DIR / name).exists()]
 
 
 def preset_values(algo: str, family: str) -> dict[str, Any]:
@@ -369,11 +412,43 @@ def field_names() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainConfig)}
 
 
+def type_problem(name: str, value: Any, annotation: Any) -> str | None:
+    """Why ``value`` (from YAML) cannot be the setting ``name`` of type ``annotation``, or None."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    for option in options:
+        origin = typing.get_origin(option)
+        if option is type(None) and value is None:
+            return None
+        if origin is Literal and value in typing.get_args(option):
+            return None
+        if origin is tuple and isinstance(value, (list, tuple)) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return None
+        if option is bool and isinstance(value, bool):
+            return None
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if option is str and isinstance(value, str) or option is Path and isinstance(value, (str, Path)):
+            return None
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path",
+             type(None): "null"}
+    wanted = " or ".join(
+        "one of " + ", ".join(map(str, typing.get_args(o))) if typing.get_origin(o) is Literal
+        else "a list of integers" if typing.get_origin(o) is tuple else names[o] for o in options)
+    return f"{name} must be {wanted}, got {value!r}"
+
+
 def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """Check keys from a YAML file against the fields and turn lists into tuples."""
+    """Check names and types of settings from a YAML file like flags; turn lists into tuples."""
     unknown = sorted(set(values) - field_names())
     if unknown:
         raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}")
+    hints = typing.get_type_hints(TrainConfig)
+    wrong = [problem for name, value in values.items() if (problem := type_problem(name, value, hints[name]))]
+    if wrong:
+        raise UserError(f"{source}: {'; '.join(wrong)}")
     out = dict(values)
     for name in ("hidden_sizes", "ray_actor_resources"):
         if isinstance(out.get(name), list):

@@ -1,4 +1,4 @@
-"""Where metrics go: ``metrics.jsonl``, TensorBoard (``tb/``) and one terminal line per interval.
+"""Where metrics go: ``metrics.jsonl``, TensorBoard (``tb/``), ``train.log`` and the terminal.
 
 Keys in ``metrics.jsonl`` (one JSON object per log interval; documented in docs/metrics.md):
 env_steps, learner_updates, wall_time_s, episode_return_mean (episodes finished since the
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -21,12 +22,32 @@ from impactrl.data.rollout import ACTOR_STAGES
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, terminal: TextIO | None = sys.stdout):
+    """metrics.jsonl, TensorBoard, ``RUN_DIR/train.log`` and the terminal.
+
+    On a terminal (a TTY) a live tqdm bar shows the env steps of the budget with the ETA, steps/s,
+    return, policy lag, learner idle time and the latest warning; on a pipe or file, one plain
+    line per interval. ``train.log`` gets the plain lines and every message whatever the terminal
+    shows; ``terminal=None`` (``--quiet``) shows nothing.
+    """
+
+    def __init__(self, run_dir: Path, total_env_steps: int, terminal: TextIO | None = sys.stdout):
         from torch.utils.tensorboard import SummaryWriter
 
         self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        self.log = open(Path(run_dir) / "train.log", "a", buffering=1)
         self.tensorboard = SummaryWriter(str(Path(run_dir) / "tb"))
         self.terminal = terminal
+        self.total_env_steps = total_env_steps
+        self.bar = None
+        if terminal is not None and terminal.isatty():
+            from tqdm import tqdm
+
+            # A terminal that reports no size (some ptys) would hide the bar behind tqdm's own probe.
+            size = shutil.get_terminal_size((120, 24))
+            self.bar = tqdm(total=total_env_steps, unit="step", unit_scale=True, file=terminal, ncols=size.columns,
+                            nrows=size.lines or 24,
+                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+        self.latest_warning = ""
 
     def write(self, record: dict[str, Any]) -> None:
         self.jsonl.write(json.dumps(record) + "\n")
@@ -34,14 +55,31 @@ class MetricsWriter:
         for key, value in flatten(record).items():
             if key != "env_steps" and isinstance(value, (int, float)) and value is not None and math.isfinite(value):
                 self.tensorboard.add_scalar(key, value, step)
-        if self.terminal is not None:
-            print(terminal_line(record), file=self.terminal, flush=True)
+        line = terminal_line(record, self.total_env_steps)
+        self.log.write(line + "\n")
+        if self.bar is not None:
+            self.bar.update(min(step, self.total_env_steps) - self.bar.n)
+            self.bar.set_postfix_str(status(record) + (f" | {self.latest_warning}" if self.latest_warning else ""))
+        elif self.terminal is not None:
+            print(line, file=self.terminal, flush=True)
+
+    def message(self, text: str) -> None:
+        """A line for the user (a restart, a warning): stderr and train.log."""
+        self.log.write(f"impactrl: {text}\n")
+        if self.bar is not None:
+            self.bar.write(f"impactrl: {text}", file=sys.stderr)
+        elif self.terminal is not None:
+            print(f"impactrl: {text}", file=sys.stderr, flush=True)
 
     def warn(self, text: str) -> None:
-        print(f"impactrl: warning: {text}", file=sys.stderr, flush=True)
+        self.latest_warning = text.split("]")[0].strip("[")  # the rule's name fits the bar
+        self.message(f"warning: {text}")
 
     def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
         self.jsonl.close()
+        self.log.close()
         self.tensorboard.close()
 
 
@@ -55,14 +93,25 @@ def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def terminal_line(record: dict[str, Any]) -> str:
-    ret = record["episode_return_mean"]
-    ret_text = f"{ret:9.2f}" if ret is not None else "        -"
-    lag = record["policy_lag_mean"]
-    lag_text = f"{lag:5.2f}" if lag is not None else "    -"
-    return (f"[{record['wall_time_s']:7.1f}s] steps {record['env_steps']:>11,}  "
-            f"{record['env_steps_per_s']:>8,.0f}/s  return {ret_text} ({record['episodes']} ep)  "
-            f"lag {lag_text}  updates {record['learner_updates']:,}")
+def status(record: dict[str, Any]) -> str:
+    """Steps/s, return, lag, learner idle time and updates of a metrics line ('-' where unknown)."""
+    rate, ret, lag = record["env_steps_per_s"], record["episode_return_mean"], record["policy_lag_mean"]
+    idle = record.get("time/learner_wait_fraction")
+    return "  ".join([
+        f"{rate:,.0f}/s" if rate is not None else "-/s",
+        f"return {ret:.2f} ({record['episodes']} ep)" if ret is not None else "return - (0 ep)",
+        f"lag {lag:.2f}" if lag is not None else "lag -",
+        f"learner idle {idle:.0%}" if idle is not None else "learner idle -",
+        f"updates {record['learner_updates']:,}",
+    ])
+
+
+def terminal_line(record: dict[str, Any], total_env_steps: int) -> str:
+    """One plain line: time, env steps of the budget with the ETA, then the status."""
+    done, rate = record["env_steps"] / total_env_steps, record["env_steps_per_s"]
+    eta = f"{(total_env_steps - record['env_steps']) / rate:5.0f}s" if rate and done < 1 else "    -"
+    return (f"[{record['wall_time_s']:7.1f}s] steps {record['env_steps']:>11,} ({min(done, 1):4.0%}, ETA {eta})  "
+            f"{status(record)}")
 
 
 class IntervalStats:

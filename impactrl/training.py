@@ -39,7 +39,7 @@ def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner
 
 
 def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, quiet: bool = False) -> LearnerCounters:
-    writer = MetricsWriter(run_dir, terminal=None if quiet else sys.stdout)
+    writer = MetricsWriter(run_dir, config.total_env_steps, terminal=None if quiet else sys.stdout)
     try:
         return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer)
     finally:

@@ -157,7 +157,7 @@ def test_ppo_minibatches_cover_the_batch_each_epoch_and_publish_at_the_end():
     algorithm = learner.algorithm
     learner.add(batches[0])
     published = []
-    while (stats := learner.update()) is not None:
+    while learner.update() is not None:
         published.append(algorithm.publish_now())
     assert len(published) == 3 * 4 and published[-1] and not any(published[:-1])
     assert algorithm.wants_data()

@@ -25,7 +25,7 @@ def test_ended_episodes_restart_in_the_same_step(backend: str):
     envs = make_env_vector("CartPole-v1", EnvOptions(max_episode_steps=5), 2, seed=3, backend=backend)
     obs = envs.reset()
     assert obs.shape == (2, 4) and obs.dtype == np.float32
-    for episode in range(2):
+    for _ in range(2):
         for t in range(5):
             previous = obs.copy()
             step = envs.step(np.array([0, 1]))

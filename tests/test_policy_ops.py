@@ -57,11 +57,11 @@ def reference_gae(rewards, values, bootstrap, discounts, lam, trace_discounts):
     delta = r + g * v_next - v
     adv = np.zeros_like(v)
     for t in range(T):
-        for l in range(T - t):
+        for k in range(T - t):
             coeff = np.ones_like(v[0])
-            for i in range(t, t + l):
+            for i in range(t, t + k):
                 coeff = coeff * lam * eta[i]
-            adv[t] += coeff * delta[t + l]
+            adv[t] += coeff * delta[t + k]
     return adv, adv + v
 
 

@@ -80,7 +80,7 @@ def test_full_slots_make_actors_wait():
     store = SlotStore(spec, config.num_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)
     weights.publish(learner.agent, 5)
-    actors = LocalActors(config, learner, store, weights, ctx)
+    actors = LocalActors(config, learner, store, weights, ctx, print)
     actors.start_all()
     try:
         deadline = time.monotonic() + 60
@@ -178,7 +178,7 @@ def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
 
 
 def test_bench_reports_throughput_and_where_the_time_goes():
-    result = run_cli("bench", "--env", "CartPole-v1", "--seconds", "8", "--warmup-seconds", "3", *FAST, check=True)
+    result = run_cli("bench", "--env", "CartPole-v1", "--seconds", "12", "--warmup-seconds", "3", *FAST, check=True)
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["env_steps_per_s"] > 0
     actor = [summary[f"actor_{stage}_fraction"] for stage in ("env", "inference", "wait")]

@@ -133,7 +133,7 @@ class CircularBuffer:
             if self._uses_left == 0:
                 return None
             k = self._rng.randrange(self._uses_left)
-            for i, entry in enumerate(self._entries):
+            for i, entry in enumerate(self._entries):  # noqa: B007 - i is used after the loop
                 if k < entry.uses_left:
                     break
                 k -= entry.uses_left

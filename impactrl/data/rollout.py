@@ -23,6 +23,7 @@ unwritten data shows up in tests instead of passing as zeros.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +67,11 @@ class RolloutSpec:
         for i, shape in enumerate(self.core_state_shapes):
             fields[f"core_state_{i}"] = (shape, torch.float32)
         return fields
+
+
+def data_bytes(spec: RolloutSpec) -> int:
+    """Bytes of one slot's unroll data."""
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in spec.fields().values())
 
 
 def sentinel(dtype: torch.dtype) -> float | int | bool:

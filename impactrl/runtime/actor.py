@@ -96,7 +96,7 @@ class Actor:
     def _start_envs(self, reward_stats: np.ndarray | None) -> None:
         """Build and reset the envs, retrying with fresh seeds; EnvBroken when every attempt fails."""
         E = self.config.envs_per_actor
-        for attempt in range(ENV_RESET_ATTEMPTS):
+        for _ in range(ENV_RESET_ATTEMPTS):
             seed = env_seed(self.config, self.actor_id, 0, self.generation, self.rebuilds)
             self.rebuilds += 1
             try:

@@ -82,6 +82,7 @@ class Learner:
         self.counters = LearnerCounters()
         self._unseen_obs: list[torch.Tensor] = []
         self.skipped_in_a_row = 0
+        self.wall_time_progress = 0.0  # the share of max_wall_time_s spent in this invocation
         # Each actor's envs' reward normalisers as of its last consumed unroll: saved in
         # checkpoints and handed to a restarted or resumed actor.
         self.reward_stats = (torch.full((config.num_actors, config.envs_per_actor, REWARD_STATS_SIZE), float("nan"),
@@ -100,10 +101,12 @@ class Learner:
                 self.reward_stats[actor_id] = stats
 
     def learning_rate(self) -> float:
+        """Annealed linearly to 0 over the step budget, or over max_wall_time_s if that ends first."""
         c = self.config
         if not c.lr_decay:
             return c.learning_rate
-        return c.learning_rate * max(0.0, 1.0 - self.counters.env_steps / c.total_env_steps)
+        progress = max(self.counters.env_steps / c.total_env_steps, self.wall_time_progress)
+        return c.learning_rate * max(0.0, 1.0 - progress)
 
     def add(self, batch: Batch) -> None:
         """Hand a fresh batch from the actors to the algorithm; it counts as consumed env steps."""
@@ -202,12 +205,14 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
     interval = IntervalStats(config.envs_per_actor * config.unroll_length)
     diagnostics = LiveDiagnostics(config, reward_threshold(config.env))
     last_log = last_checkpoint = time.monotonic()
+    # Steps/s count from the first batch: the actors' start-up would make the first rate look tiny.
+    rate_since: float | None = None
     steps_at_last_log = counters.env_steps
     waited = trained = 0.0
     weights.publish(learner.agent, counters.updates)
 
     def log_line() -> None:
-        nonlocal last_log, steps_at_last_log, waited, trained
+        nonlocal last_log, rate_since, steps_at_last_log, waited, trained
         now = time.monotonic()
         counters.wall_time_s = now - start
         summary = interval.summary()
@@ -216,7 +221,9 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
             "env_steps": counters.env_steps,
             "learner_updates": counters.updates,
             "wall_time_s": round(counters.wall_time_s, 3),
-            "env_steps_per_s": (counters.env_steps - steps_at_last_log) / max(now - last_log, 1e-9),
+            # null until a rate can be measured: from the first batch, over at least 0.1 s
+            "env_steps_per_s": ((counters.env_steps - steps_at_last_log) / (now - rate_since)
+                                if rate_since is not None and now - rate_since >= 0.1 else None),
             "episodes_total": counters.episodes,
             "actor_restarts": counters.actor_restarts,
             "env_errors": counters.env_errors,
@@ -235,7 +242,9 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         for finding in findings:
             writer.warn(finding.text())
         interval.reset()
-        last_log, steps_at_last_log, waited, trained = now, counters.env_steps, 0.0, 0.0
+        if record["env_steps_per_s"] is not None:
+            rate_since, steps_at_last_log = now, counters.env_steps
+        last_log, waited, trained = now, 0.0, 0.0
 
     def checkpoint() -> None:
         nonlocal last_checkpoint
@@ -250,6 +259,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         while ((counters.env_steps < config.total_env_steps or not learner.algorithm.wants_data())
                and time.monotonic() < deadline):
             check_health()
+            if config.max_wall_time_s is not None:
+                learner.wall_time_progress = 1.0 - (deadline - time.monotonic()) / config.max_wall_time_s
             if learner.algorithm.wants_data():
                 began = time.monotonic()
                 item = source.next_batch(timeout_s=1.0)
@@ -273,6 +284,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                                      meta["stage_seconds"].numpy())
                 interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
                 learner.add(batch)
+                if rate_since is None:
+                    rate_since, steps_at_last_log = time.monotonic(), counters.env_steps
             began = time.monotonic()
             stats = learner.update()
             if stats is not None:

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -146,7 +147,7 @@ def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: 
             commits.send(("error", isinstance(error, EnvBroken), traceback.format_exc()))
         except OSError:
             pass
-        raise SystemExit(1)
+        raise SystemExit(1) from error
 
 
 @dataclass
@@ -169,8 +170,9 @@ class LocalActors:
     """Actor processes and their channels: the learner's BatchSource, and their supervisor."""
 
     def __init__(self, config: TrainConfig, learner: Learner, store: SlotStore, weights: SharedWeights,
-                 ctx: mp.context.BaseContext):
+                 ctx: mp.context.BaseContext, report: Callable[[str], None]):
         self.config = config
+        self.report = report  # a line for the user: restarts, long waits
         self.learner = learner
         self.store = store
         self.weights = weights
@@ -255,9 +257,9 @@ class LocalActors:
         counters.actor_restarts += 1
         counters.actor_restarts_by_id[str(actor.actor_id)] = counters.actor_restarts_by_id.get(str(actor.actor_id), 0) + 1
         last_line = actor.last_error.strip().splitlines()[-1] if actor.last_error else ""
-        print(f"impactrl: actor {actor.actor_id} {reason}{': ' + last_line if last_line else ''}; restarting it "
-              f"with the latest weights ({len(actor.restarts)} of {config.max_actor_restarts} restarts allowed in "
-              f"{config.actor_restart_window_s:g} s)", file=sys.stderr, flush=True)
+        self.report(f"actor {actor.actor_id} {reason}{': ' + last_line if last_line else ''}; restarting it with "
+                    f"the latest weights ({len(actor.restarts)} of {config.max_actor_restarts} restarts allowed in "
+                    f"{config.actor_restart_window_s:g} s)")
         self._close_pipes(actor)
         actor.last_error = None
         self.start(actor)
@@ -319,9 +321,8 @@ class LocalActors:
         if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
             self.wait_reported = True
             alive = sum(actor.process.is_alive() for actor in self.actors)
-            print(f"impactrl: the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
-                  f"{self.config.slots_per_batch} unrolls ready, {alive} of {len(self.actors)} actors alive)",
-                  file=sys.stderr, flush=True)
+            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
+                        f"{self.config.slots_per_batch} unrolls ready, {alive} of {len(self.actors)} actors alive)")
 
 
 class StopRequests:
@@ -359,7 +360,7 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.num_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)  # actors wait for run_learner's first publish
-    actors = LocalActors(config, learner, store, weights, ctx)
+    actors = LocalActors(config, learner, store, weights, ctx, writer.message)
     with StopRequests() as stops:
         def check_health() -> None:
             if stops.requested:

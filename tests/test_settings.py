@@ -1,0 +1,73 @@
+"""Settings that cannot mislead: family presets for every algorithm, derived sizes, typed config
+files, warnings for settings a run does not read, budgets that cannot work."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from impactrl.cli import resolve_train_config
+
+
+@pytest.mark.parametrize("algo", ["impala", "impact", "ppo"])
+def test_atari_settings_apply_whatever_the_algorithm(algo):
+    config = resolve_train_config(["--algo", algo, "--env", "ALE/Pong-v5"]).config
+    assert config.reward_clip == "abs_one" and config.torso == "shallow_cnn"
+    assert (config.frame_skip, config.frame_stack) == (4, 4)
+
+
+@pytest.mark.parametrize("algo", ["impala", "impact", "ppo"])
+def test_mujoco_settings_apply_whatever_the_algorithm(algo):
+    config = resolve_train_config(["--algo", algo, "--env", "Hopper-v5"]).config
+    assert config.separate_value_network and config.normalize_observations and config.normalize_rewards
+
+
+def test_flags_still_override_the_family_preset():
+    config = resolve_train_config(["--algo", "impact", "--env", "ALE/Pong-v5", "--reward-clip", "none"]).config
+    assert config.reward_clip == "none"
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Hopper-v5"])
+def test_ppo_batch_is_every_actors_unroll(env):
+    config = resolve_train_config(["--algo", "ppo", "--env", env, "--num-actors", "4"]).config
+    assert config.unrolls_per_batch == 4 * config.envs_per_actor
+    assert config.steps_per_batch == 4 * config.envs_per_actor * config.unroll_length
+
+
+def test_ppo_with_four_actors_trains_without_a_hand_made_batch_size(run_dir: Path):
+    run_cli("train", "--algo", "ppo", "--env", "Hopper-v5", "--num-actors", "4", "--unroll-length", "64",
+            "--update-epochs", "1", "--num-minibatches", "4", "--total-env-steps", "512", "--out", str(run_dir),
+            check=True)
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["env_steps"] == 512 and last["learner_updates"] == 2 * 4  # two batches of 4 x 64 steps
+
+
+def test_a_config_file_value_of_the_wrong_type_is_one_line(tmp_path: Path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("learning_rate: fast\nuse_lstm: 1\n")
+    result = run_cli("train", "--config", str(config), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "learning_rate must be a number, got 'fast'" in result.stderr
+    assert "use_lstm must be true or false, got 1" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_settings_the_run_does_not_read_are_warned_about(tmp_path: Path):
+    result = run_cli("train", "--algo", "impala", "--env", "CartPole-v1", "--buffer-uses", "4", "--frame-skip", "2",
+                     "--total-env-steps", "10", "--out", str(tmp_path / "run"))
+    assert "--buffer-uses is read by IMPACT only, not --algo impala" in result.stderr
+    assert "--frame-skip is read on Atari only" in result.stderr
+
+
+def test_a_step_budget_below_one_batch_is_refused(tmp_path: Path):
+    result = run_cli("train", "--env", "CartPole-v1", "--unroll-length", "2000", "--total-env-steps", "10000",
+                     "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "is less than one batch" in result.stderr
+
+
+def test_rollout_data_that_cannot_fit_in_memory_is_refused(tmp_path: Path):
+    result = run_cli("train", "--env", "ALE/Pong-v5", "--unroll-length", "100000", "--total-env-steps", "10000000",
+                     "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "rollout data would need" in result.stderr and "--unroll-length" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,66 @@
+"""What a user sees: a live bar on a terminal, plain lines in a pipe, nothing with --quiet,
+everything in train.log; a fast --help; the learning rate annealed over a wall-time budget."""
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import FAST, run_cli
+
+SHORT = ["--env", "CartPole-v1", "--total-env-steps", "20000", *FAST]
+
+
+def test_a_terminal_gets_a_live_bar(run_dir: Path):
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "impactrl", "train", *SHORT, "--out", str(run_dir)],
+                               stdout=follower, stderr=follower, env=dict(os.environ, COLUMNS="160"))
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the run ended and closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert process.wait(120) == 0
+    text = output.decode(errors="replace")
+    assert "\r" in text and "20.0k/20.0k" in text and "updates" in text  # one bar, redrawn in place
+    assert "ETA" not in text  # no plain lines
+    assert (run_dir / "train.log").read_text().count("steps ") >= 2
+
+
+def test_a_pipe_gets_plain_lines_and_quiet_gets_nothing(tmp_path: Path):
+    result = run_cli("train", *SHORT, "--out", str(tmp_path / "piped"), check=True)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert lines and all("ETA" in line and "/s" in line for line in lines) and "\r" not in result.stdout
+    log = (tmp_path / "piped" / "train.log").read_text().splitlines()
+    assert log == lines
+    quiet = run_cli("train", *SHORT, "--out", str(tmp_path / "quiet"), "--quiet", check=True)
+    assert not [line for line in quiet.stdout.splitlines() if line.startswith("[")]
+    assert (tmp_path / "quiet" / "train.log").read_text().count("\n") >= 2
+
+
+def test_help_answers_fast_without_loading_envs():
+    began = time.monotonic()
+    result = run_cli("train", "--help", check=True)
+    assert "--total-env-steps" in result.stdout and "--resume" in result.stdout
+    assert time.monotonic() - began < 10  # ~0.4 s on an idle machine; the bound is for a loaded one
+    probe = subprocess.run([sys.executable, "-c", "import sys; from impactrl.cli import main\n"
+                            "try: main(['train', '--help'])\nexcept SystemExit: pass\n"
+                            "print(sorted(m for m in ('torch', 'gymnasium', 'ale_py') if m in sys.modules))"],
+                           capture_output=True, text=True, timeout=60)
+    assert probe.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_learning_rate_anneals_over_a_wall_time_budget(run_dir: Path):
+    run_cli("train", "--env", "CartPole-v1", *FAST, "--total-env-steps", "100000000", "--max-wall-time-s", "20",
+            "--learning-rate", "0.001", "--out", str(run_dir), check=True)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["optim/learning_rate"] for r in records if "optim/learning_rate" in r]
+    assert rates[-1] < 0.3 * 0.001 and rates == sorted(rates, reverse=True)
