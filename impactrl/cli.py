@@ -197,6 +197,7 @@ def train(argv: Sequence[str]) -> int:
     # jobs of a non-interactive shell ignore SIGINT, so SIGTERM is how such runs are stopped.)
     signal.signal(signal.SIGTERM, interrupt)
 
+    from impactrl.provenance import record_invocation
     from impactrl.training import build_learner, train as run_training
 
     # Nothing is written before the learner is built and the checkpoint loaded into it: a
@@ -205,6 +206,7 @@ def train(argv: Sequence[str]) -> int:
     run_dir = config.run_dir()
     create_run_dir(run_dir)
     write_config(run_dir, config)
+    record_invocation(run_dir, ["train", *argv], checkpoint)
     counters = run_training(config, learner, spec, run_dir, quiet)
     print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
           f"{counters.wall_time_s:.1f}s; run in {run_dir}")
@@ -258,6 +260,8 @@ def evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs (default 12345)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--num-envs", type=int, default=8, help="envs stepped in lockstep (default 8)")
+    parser.add_argument("--video", type=Path, metavar="DIR",
+                        help="write the first env's episodes to DIR as mp4 files (episode-000.mp4, ...)")
     args = parser.parse_args(list(argv))
     if args.episodes < 1:
         raise UserError(f"--episodes must be >= 1, got {args.episodes}")
@@ -265,7 +269,8 @@ def evaluate(argv: Sequence[str]) -> int:
         raise UserError(f"--num-envs must be >= 1, got {args.num_envs}")
     from impactrl.evaluation import evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs)
+    result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs,
+                                 video_dir=args.video)
     print(json.dumps(result))
     return 0
 

@@ -84,7 +84,7 @@ def test_a_hung_actor_is_killed_and_restarted(run_dir: Path, tmp_path: Path):
                         markers=markers)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sent no heartbeat for 3 s (hung)" in result.stderr
-    assert read_metrics(run_dir)[-1]["actor_restarts"] == 1
+    assert read_metrics(run_dir)[-1]["actor_restarts"] >= 1
 
 
 def test_nan_updates_are_skipped_and_counted(run_dir: Path):
@@ -162,7 +162,8 @@ def test_resume_by_checkpoint_name(run_dir: Path, flags):
     run_cli("train", "--resume", str(run_dir), "--checkpoint", oldest.stem, "--total-env-steps",
             str(start["env_steps"] + 1600), check=True)
     resumed = read_metrics(run_dir)[lines_before:]
-    assert resumed and resumed[0]["env_steps"] > start["env_steps"] and resumed[-1]["env_steps"] >= start["env_steps"] + 1600
+    assert resumed and resumed[0]["env_steps"] >= start["env_steps"] and resumed[0]["learner_updates"] >= start["updates"]
+    assert resumed[-1]["env_steps"] >= start["env_steps"] + 1600
     # The resumed branch is now the newest, whatever the update counts in the names say.
     newest = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["learner"]
     assert newest["env_steps"] == resumed[-1]["env_steps"]

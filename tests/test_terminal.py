@@ -1,5 +1,6 @@
 """What a user sees: a live bar on a terminal, plain lines in a pipe, nothing with --quiet,
-everything in train.log; a fast --help; the learning rate annealed over a wall-time budget."""
+everything in train.log; a fast --help; the learning rate annealed over a wall-time budget;
+evaluation videos."""
 
 import json
 import os
@@ -64,3 +65,19 @@ def test_learning_rate_anneals_over_a_wall_time_budget(run_dir: Path):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rates = [r["optim/learning_rate"] for r in records if "optim/learning_rate" in r]
     assert rates[-1] < 0.3 * 0.001 and rates == sorted(rates, reverse=True)
+
+
+def test_eval_writes_videos_that_decode(tmp_path: Path):
+    run_dir, videos = tmp_path / "run", tmp_path / "videos"
+    run_cli("train", "--env", "ALE/Pong-v5", "--num-actors", "2", "--envs-per-actor", "2", "--batch-size", "4",
+            "--total-env-steps", "400", "--max-episode-steps", "100", "--out", str(run_dir), "--quiet", check=True)
+    result = run_cli("eval", str(run_dir), "--episodes", "2", "--video", str(videos), check=True)
+    written = json.loads(result.stdout.splitlines()[-1])["videos"]
+    assert written and all(Path(path).parent == videos for path in written)
+    import cv2
+
+    capture = cv2.VideoCapture(written[0])
+    frames = []
+    while (frame := capture.read()[1]) is not None:
+        frames.append(frame)
+    assert len(frames) > 50 and frames[0].shape == (210, 160, 3)  # the ALE screen, in colour

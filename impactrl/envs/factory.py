@@ -54,6 +54,7 @@ class EnvOptions:
     episodic_life: bool = True  # Atari only, training only: a life loss ends the training episode
     max_episode_steps: int | None = None  # None = the env's registered limit
     normalize_reward_gamma: float | None = None  # training only: scale rewards by the std of the γ-discounted return
+    render_mode: str | None = None  # "rgb_array": env.render() returns frames (impactrl eval --video)
 
     def problems(self) -> list[str]:
         """Every out-of-range option, each as a short phrase; empty when all are valid."""
@@ -267,11 +268,11 @@ def make_env(
     if family == "atari":
         env = _make_atari(env_id, options, training=training)
     elif family == "minatar":
-        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps)
+        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
         env = RecordEpisodeStatistics(env)
         env = ChannelsFirstUint8(env)
     else:
-        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps)
+        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
         env = RecordEpisodeStatistics(env)
     if isinstance(env.action_space, gym.spaces.Box):
         env = ClipAction(env)
@@ -290,7 +291,7 @@ def _make_atari(env_id: str, options: EnvOptions, *, training: bool) -> gym.Env:
         kwargs["repeat_action_probability"] = float(options.sticky_action_prob)
     if options.max_episode_steps is not None:
         kwargs["max_num_frames_per_episode"] = int(options.max_episode_steps) * int(options.frame_skip)
-    env = _gym_make(env_id, **kwargs)
+    env = _gym_make(env_id, render_mode=options.render_mode, **kwargs)
     env = RecordEpisodeStatistics(env)
     env = AtariPreprocessing(
         env,

@@ -46,6 +46,9 @@ from impactrl.runtime.actor import run_actor
 from impactrl.runtime.learner import Learner, LearnerCounters, run_learner
 
 
+STARTUP_GRACE_S = 60.0
+
+
 class SharedWeights:
     """Learner -> actors: one shared copy of the agent's state dict, its version and a publication count.
 
@@ -192,8 +195,9 @@ class LocalActors:
         returns_reader, actor.returns = self.ctx.Pipe(duplex=False)
         actor.commits, commits_writer = self.ctx.Pipe(duplex=False)
         free = [slot for slot in actor.slots if slot not in actor.held]
-        # Until its first heartbeat an actor gets twice the timeout, for imports and env start-up.
-        self.heartbeats[actor.actor_id] = time.monotonic() + self.config.actor_stall_timeout_s
+        # Until its first heartbeat an actor gets STARTUP_GRACE_S more, for imports and env start-up
+        # (a loaded machine took many seconds; a short stall timeout killed actors still starting).
+        self.heartbeats[actor.actor_id] = time.monotonic() + STARTUP_GRACE_S
         actor.process = self.ctx.Process(
             target=actor_process, name=f"impactrl-actor-{actor.actor_id}", daemon=True,
             args=(self.config, actor.actor_id, actor.generation, self.weights, self.store, free, returns_reader,
