@@ -2,12 +2,14 @@
 machine (``ray.cluster_utils.Cluster``) that the CLI joins. Actors are really killed and nodes
 really removed."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -26,26 +28,32 @@ from impactrl.runtime.ray import apply_delta, delta_bytes, encode_delta  # noqa:
 from impactrl.training import build_learner  # noqa: E402
 
 
-def ray_pids() -> set[int]:
-    """Processes of any Ray instance on this machine (its servers and workers)."""
-    found = set()
+@contextlib.contextmanager
+def no_process_left_behind():
+    """Mark every process started inside the block (the CLI, the Ray servers and workers it
+    starts inherit the environment) and assert that none is left when it ends."""
+    marker = f"IMPACTRL_TEST_RAY_RUN={uuid.uuid4().hex}".encode()
+    os.environ["IMPACTRL_TEST_RAY_RUN"] = marker.split(b"=")[1].decode()
+    try:
+        yield
+    finally:
+        del os.environ["IMPACTRL_TEST_RAY_RUN"]
+    deadline = time.monotonic() + 30
+    while (left := processes_marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes left running: {left}"
+
+
+def processes_marked(marker: bytes) -> dict[int, str]:
+    found = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                cmdline = (entry / "cmdline").read_bytes()
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode()
             except OSError:
                 continue
-            if any(name in cmdline for name in (b"raylet", b"gcs_server", b"ray::", b"default_worker.py",
-                                                 b"ray/dashboard", b"ray/autoscaler", b"log_monitor.py")):
-                found.add(int(entry.name))
     return found
-
-
-def assert_no_new_ray_processes(before: set[int]) -> None:
-    deadline = time.monotonic() + 30
-    while (left := ray_pids() - before) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not left, f"Ray processes left running: {sorted(left)}"
 
 
 def run_info(run_dir: Path) -> dict:
@@ -73,10 +81,9 @@ def current_nodes(info: dict) -> dict[str, str]:
 
 
 def test_ray_runtime_trains_with_the_same_outputs_and_leaves_no_ray_process(run_dir: Path):
-    before = ray_pids()
-    run_cli("train", "--runtime", "ray", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out", str(run_dir),
-            *FAST, check=True)
-    assert_no_new_ray_processes(before)
+    with no_process_left_behind():
+        run_cli("train", "--runtime", "ray", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out",
+                str(run_dir), *FAST, check=True)
     records = read_metrics(run_dir)
     assert records and all(CONTRACT_KEYS <= set(record) for record in records)
     assert records[-1]["env_steps"] >= 4000 and records[-1]["actor_restarts"] == 0
@@ -159,11 +166,15 @@ def test_a_hung_actor_is_killed_and_restarted_by_ray(run_dir: Path, tmp_path: Pa
 
 
 def test_actors_spread_over_a_two_node_cluster_and_come_back_when_a_node_leaves(tmp_path: Path):
+    with no_process_left_behind():
+        on_a_cluster(tmp_path)
+
+
+def on_a_cluster(tmp_path: Path) -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         cluster.add_node(num_cpus=1, resources={"spare": 1})
         cluster.wait_for_nodes()
-        before = ray_pids()
         # Each node has room for one actor, so they must land on both.
         both = tmp_path / "both"
         run_cli("train", "--runtime", "ray", "--ray-address", cluster.address, "--env", "CartPole-v1",
@@ -201,7 +212,6 @@ def test_actors_spread_over_a_two_node_cluster_and_come_back_when_a_node_leaves(
         assert cluster.head_node.remaining_processes_alive()  # a joined cluster is left running
     finally:
         cluster.shutdown()
-    assert_no_new_ray_processes(before)
 
 
 def test_ray_user_errors_are_one_line_before_anything_starts(tmp_path: Path):
@@ -225,7 +235,7 @@ def test_ray_user_errors_are_one_line_before_anything_starts(tmp_path: Path):
 
 @pytest.mark.slow
 def test_cartpole_reaches_450_on_ray(run_dir: Path):
-    before = ray_pids()
-    assert max(train_returns(run_dir, "--algo", "impala", "--runtime", "ray", "--env", "CartPole-v1",
-                             "--num-actors", "2", "--total-env-steps", "500000")) >= 450
-    assert_no_new_ray_processes(before)
+    with no_process_left_behind():
+        returns = train_returns(run_dir, "--algo", "impala", "--runtime", "ray", "--env", "CartPole-v1",
+                                "--num-actors", "2", "--total-env-steps", "500000")
+    assert max(returns) >= 450

@@ -223,7 +223,7 @@ class ObjectStoreOutbox:
 
     def __init__(self, spec: RolloutSpec, in_flight: int):
         self.store = SlotStore(spec, 1, shared=False)
-        self.space = threading.Semaphore(in_flight)  # unrolls put and not yet taken
+        self.space = threading.Semaphore(in_flight)  # unrolls copied out and not yet taken
         self.ready: queue.Queue = queue.Queue()
         self.beat = time.monotonic()
 
@@ -268,6 +268,8 @@ class RayActor:
         self.weights.receive(weights)
         with self._lock:
             if self._loop is None:
+                # Until its first heartbeat the loop gets twice the timeout, for env start-up.
+                self.outbox.beat = time.monotonic() + self.config.actor_stall_timeout_s
                 self._loop = threading.Thread(target=self._run, args=(start,), name="impactrl-actor", daemon=True)
                 self._loop.start()
         while True:
@@ -307,16 +309,18 @@ class ObjectStoreWeightSink:
         self.bound = delta_bound(config)
         self.agent: Agent | None = None
         self.version = -1
+        self.unshipped = False  # a publish since the last message; PPO may publish one version twice
         self.message: WeightsMessage | None = None
         self.held: dict[str, torch.Tensor] | None = None
         self.stats = {"publications": 0, "full_copies": 0, "bytes_full_copy": 0, "bytes_deltas": 0, "encode_s": 0.0}
 
     def publish(self, agent: Agent, version: int) -> None:
-        self.agent, self.version = agent, version
+        self.agent, self.version, self.unshipped = agent, version, True
 
     def latest(self) -> WeightsMessage:
         message = self.message
-        if message is None or (self.version != message.version and self.version - message.version >= self.every):
+        if self.unshipped and (message is None or self.every == 1 or self.version - message.version >= self.every):
+            self.unshipped = False
             began = time.perf_counter()
             state = {key: value.detach().cpu().clone() for key, value in self.agent.state_dict().items()}
             publication = 1 if message is None else message.publication + 1
@@ -368,6 +372,7 @@ class ActorHandle:
     last_reply: float = field(default_factory=time.monotonic)
     probe: object = None  # a silent_s call out, and when it was sent
     probe_sent: float = 0.0
+    killed: bool = False  # by the learner; until its next process reports, its old calls' failures are old news
     incarnations: list = field(default_factory=list)  # where each of its processes ran
     restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
     last_error: str = ""
@@ -457,6 +462,7 @@ class RayActors:
             return
         actor.last_reply = time.monotonic()
         if reply.where is not None:
+            actor.killed = False
             self._started(actor, reply.where)
         slot = self.free.pop()
         target = self.store.slot_arrays(slot)
@@ -483,20 +489,27 @@ class RayActors:
                 silent = ray.get(actor.probe) if answered else math.inf
             except ray.exceptions.RayActorError:
                 silent = 0.0  # it died; Ray restarts it
-            # Look again when its silence would reach the timeout.
-            actor.probe, actor.last_reply = None, now - min(silent, timeout)
+            actor.probe = None
             if silent > timeout:
                 actor.last_error = f"sent no heartbeat for {timeout:g} s (hung)"
-                actor.generation = max(self.learner.counters.updates, actor.generation + 1)
-                ray.kill(actor.handle, no_restart=False)
+                self._kill(actor)
+                actor.last_reply = now  # its next process gets a whole timeout
+            else:
+                actor.last_reply = now - silent  # look again when its silence would reach the timeout
 
     def _loop_failed(self, actor: ActorHandle, failure: ActorLoopFailed | None, error: Exception) -> None:
         trace = failure.trace if failure is not None else str(error)
         if failure is not None and failure.fatal:
             raise ActorFailed(f"actor {actor.actor_id} failed:\n{trace.rstrip()}")
-        actor.last_error = trace.strip().splitlines()[-1]  # the exception, after its traceback
+        if not actor.killed:
+            actor.last_error = trace.strip().splitlines()[-1]  # the exception, after its traceback
+            self._kill(actor)
+
+    def _kill(self, actor: ActorHandle) -> None:
+        """Kill the actor's process so that Ray restarts it (once: its other calls fail too)."""
+        actor.killed = True
         actor.generation = max(self.learner.counters.updates, actor.generation + 1)
-        ray.kill(actor.handle, no_restart=False)  # Ray restarts it in a fresh process
+        ray.kill(actor.handle, no_restart=False)
 
     def _started(self, actor: ActorHandle, where: dict) -> None:
         """A fresh process of ``actor`` served its first unroll: a restart unless it is the first."""
