@@ -1,0 +1,96 @@
+"""The learner-side costs that grow with actors under ``--runtime ray``, measured on this machine
+for docs/ray.md's "Scaling on paper".
+
+1. Copy-in and gather: the learner copies every unroll it receives into its own SlotStore
+   (64 actors x in_flight slots) and gathers a batch of 32 unrolls from it; per env preset.
+2. Calls: with 64 (or more) Ray actors that answer at once, how many calls per second the
+   learner process submits and gets back (what bounds takes and set_weights per second).
+
+    python benchmarks/ray_scaling.py >> benchmarks/results/ray_scaling.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+
+import numpy as np
+import torch
+
+from impactrl.config import TrainConfig, preset_values
+from impactrl.data.rollout import SlotStore
+from impactrl.envs import env_family
+from impactrl.training import build_learner
+
+
+def gather_cost(env: str, actors: int, in_flight: int, batch_unrolls: int, repeats: int) -> dict:
+    values = preset_values("impala", env_family(env))
+    config = dataclasses.replace(TrainConfig(env=env), **{k: tuple(v) if isinstance(v, list) else v
+                                                          for k, v in values.items()})
+    _, spec = build_learner(config, None)
+    store = SlotStore(spec, actors * in_flight, shared=False)
+    incoming = {key: np.asarray(value[0]) for key, value in SlotStore(spec, 1, shared=False).data.items()}
+    copy_s = gather_s = 0.0
+    for _ in range(repeats):
+        slots = np.random.choice(store.num_slots, batch_unrolls, replace=False).tolist()
+        began = time.perf_counter()
+        for slot in slots:
+            target = store.slot_arrays(slot)
+            for key, value in incoming.items():
+                target[key][...] = value
+        copied = time.perf_counter()
+        store.gather(slots)
+        gather_s += time.perf_counter() - copied
+        copy_s += copied - began
+    unroll_bytes = sum(value.nbytes for value in incoming.values())
+    return {"part": "gather", "env": env, "actors": actors, "in_flight": in_flight, "batch_unrolls": batch_unrolls,
+            "unroll_bytes": unroll_bytes, "store_mib": unroll_bytes * store.num_slots / 2**20,
+            "copy_in_ms_per_batch": 1000 * copy_s / repeats, "gather_ms_per_batch": 1000 * gather_s / repeats}
+
+
+def call_rate(actors: int, seconds: float, payload_bytes: int) -> dict:
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        @ray.remote(num_cpus=0)
+        class Echo:
+            def take(self, payload):
+                return 0
+
+        handles = [Echo.remote() for _ in range(actors)]
+        ray.get([handle.take.remote(None) for handle in handles])
+        payload = np.zeros(payload_bytes, np.uint8)
+        calls = 0
+        out = []
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            out += [handle.take.remote(payload) for handle in handles]
+            done, out = ray.wait(out, num_returns=len(out), timeout=0)
+            calls += len(done)
+        ray.get(out)
+        calls += len(out)
+        return {"part": "calls", "actors": actors, "payload_bytes": payload_bytes,
+                "calls_per_s": calls / (time.perf_counter() - began)}
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--actors", type=int, default=64)
+    parser.add_argument("--in-flight", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for env in ("CartPole-v1", "MinAtar/Breakout-v1", "ALE/Pong-v5"):
+        print(json.dumps(gather_cost(env, args.actors, args.in_flight, 32, 20)), flush=True)
+    for payload in (0, 18_700):  # an empty call; the CartPole weights inline
+        print(json.dumps(call_rate(args.actors, args.seconds, payload)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
