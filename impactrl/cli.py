@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import shutil
 import signal
@@ -115,6 +116,8 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     if found:
         raise UserError("; ".join(found))
     check_env_id(config.env)
+    if config.wandb_project is not None and importlib.util.find_spec("wandb") is None:
+        raise UserError('--wandb-project needs Weights & Biases: pip install -e ".[wandb]" (or pip install wandb)')
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
     env = make_training_envs(config, 1)

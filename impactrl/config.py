@@ -198,6 +198,9 @@ class TrainConfig:
     recent GPUs; slower on CPUs without them. Actors always infer in float32."""
 
     # --- logging and checkpoints --------------------------------------------------------------
+    wandb_project: str | None = None
+    """Also log the metrics to Weights & Biases under this project (pip install -e ".[wandb]"); offline
+    unless WANDB_MODE says otherwise: files in RUN_DIR/wandb, uploaded later with `wandb sync`."""
     log_interval_s: float = 5.0
     """Seconds between metrics lines (terminal, metrics.jsonl, TensorBoard)."""
     checkpoint_interval_s: float = 60.0
@@ -252,8 +255,10 @@ class TrainConfig:
 def problems(config: TrainConfig) -> list[str]:
     """Every problem with a config's values, each as a short phrase (empty when all is well)."""
     found: list[str] = []
+    # The env's own settings (frame_skip, frame_stack, noop_max, sticky_action_prob,
+    # max_episode_steps) are checked by EnvOptions.problems, once.
     positive = ("total_env_steps", "num_actors", "envs_per_actor", "unroll_length", "batch_size",
-                "lstm_size", "frame_skip", "frame_stack", "keep_checkpoints", "buffer_batches", "buffer_uses",
+                "lstm_size", "keep_checkpoints", "buffer_batches", "buffer_uses",
                 "update_epochs", "num_minibatches", "max_skipped_updates", "publish_interval")
     for name in positive:
         value = getattr(config, name)
@@ -304,7 +309,7 @@ def problems(config: TrainConfig) -> list[str]:
         value = getattr(config, name)
         if value is not None and not value > 0:
             found.append(f"{name} must be > 0 or None, got {value}")
-    for name in ("baseline_cost", "entropy_cost", "rmsprop_momentum", "noop_max"):
+    for name in ("baseline_cost", "entropy_cost", "rmsprop_momentum"):
         if getattr(config, name) < 0:
             found.append(f"{name} must be >= 0, got {getattr(config, name)}")
     for name in ("learning_rate", "rmsprop_eps", "grad_norm_clip", "log_interval_s", "checkpoint_interval_s",
@@ -314,12 +319,8 @@ def problems(config: TrainConfig) -> list[str]:
             found.append(f"{name} must be > 0, got {value}")
     if not 0.0 < config.rmsprop_alpha < 1.0:
         found.append(f"rmsprop_alpha must be in (0, 1), got {config.rmsprop_alpha}")
-    if config.sticky_action_prob is not None and not 0.0 <= config.sticky_action_prob <= 1.0:
-        found.append(f"sticky_action_prob must be in [0, 1], got {config.sticky_action_prob}")
     if config.max_wall_time_s is not None and not config.max_wall_time_s > 0:
         found.append(f"max_wall_time_s must be > 0 or None, got {config.max_wall_time_s}")
-    if config.max_episode_steps is not None and config.max_episode_steps < 1:
-        found.append(f"max_episode_steps must be >= 1, got {config.max_episode_steps}")
     found += ray_problems(config)
     return found
 

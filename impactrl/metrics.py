@@ -30,9 +30,11 @@ class MetricsWriter:
     shows; ``terminal=None`` (``--quiet``) shows nothing.
     """
 
-    def __init__(self, run_dir: Path, total_env_steps: int, terminal: TextIO | None = sys.stdout):
+    def __init__(self, run_dir: Path, total_env_steps: int, terminal: TextIO | None = sys.stdout,
+                 wandb_run=None):
         from torch.utils.tensorboard import SummaryWriter
 
+        self.wandb_run = wandb_run
         self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
         self.log = open(Path(run_dir) / "train.log", "a", buffering=1)
         self.tensorboard = SummaryWriter(str(Path(run_dir) / "tb"))
@@ -52,9 +54,12 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         self.jsonl.write(json.dumps(record) + "\n")
         step = record["env_steps"]
-        for key, value in flatten(record).items():
-            if key != "env_steps" and isinstance(value, (int, float)) and value is not None and math.isfinite(value):
-                self.tensorboard.add_scalar(key, value, step)
+        scalars = {key: value for key, value in flatten(record).items()
+                   if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value)}
+        for key, value in scalars.items():
+            self.tensorboard.add_scalar(key, value, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({**scalars, "env_steps": step})
         line = terminal_line(record, self.total_env_steps)
         self.log.write(line + "\n")
         if self.bar is not None:
@@ -81,6 +86,8 @@ class MetricsWriter:
         self.jsonl.close()
         self.log.close()
         self.tensorboard.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
 
 
 def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:

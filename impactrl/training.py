@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -38,8 +41,20 @@ def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner
     return learner, spec
 
 
+def start_wandb(config: TrainConfig, run_dir: Path):
+    """A Weights & Biases run for ``run_dir`` (the same one again on --resume), offline unless
+    WANDB_MODE says otherwise."""
+    import wandb
+
+    run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return wandb.init(project=config.wandb_project, dir=str(run_dir), id=run_id, resume="allow",
+                      name=run_dir.name, config=dataclasses.asdict(config),
+                      mode=os.environ.get("WANDB_MODE", "offline"))
+
+
 def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, quiet: bool = False) -> LearnerCounters:
-    writer = MetricsWriter(run_dir, config.total_env_steps, terminal=None if quiet else sys.stdout)
+    writer = MetricsWriter(run_dir, config.total_env_steps, terminal=None if quiet else sys.stdout,
+                           wandb_run=start_wandb(config, run_dir) if config.wandb_project else None)
     try:
         return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer)
     finally:

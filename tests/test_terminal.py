@@ -81,3 +81,9 @@ def test_eval_writes_videos_that_decode(tmp_path: Path):
     while (frame := capture.read()[1]) is not None:
         frames.append(frame)
     assert len(frames) > 50 and frames[0].shape == (210, 160, 3)  # the ALE screen, in colour
+
+
+def test_wandb_logs_offline_into_the_run_directory(run_dir: Path):
+    run_cli("train", *SHORT, "--wandb-project", "impactrl-tests", "--out", str(run_dir), check=True)
+    logs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1 and b"episode_return_mean" in logs[0].read_bytes()
