@@ -72,6 +72,13 @@ def ray_and_learner_pids(learner: int) -> list[int]:
     return pids
 
 
+def sample_memory(process: subprocess.Popen, samples: list[tuple[float, int]]) -> None:
+    began = time.monotonic()
+    while process.poll() is None:
+        samples.append((time.monotonic() - began, sum(map(pss_kib, ray_and_learner_pids(process.pid)))))
+        time.sleep(2.0)
+
+
 def on_cluster(seconds: float, actor_counts: list[int], node_cpus: int, env: str) -> None:
     from ray.cluster_utils import Cluster
 
@@ -87,14 +94,7 @@ def on_cluster(seconds: float, actor_counts: list[int], node_cpus: int, env: str
                  "--max-wall-time-s", str(seconds), "--log-interval-s", "2", "--checkpoint-interval-s", str(10**9),
                  "--out", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             samples: list[tuple[float, int]] = []
-
-            def sample() -> None:
-                began = time.monotonic()
-                while process.poll() is None:
-                    samples.append((time.monotonic() - began, sum(map(pss_kib, ray_and_learner_pids(process.pid)))))
-                    time.sleep(2.0)
-
-            sampler = threading.Thread(target=sample)
+            sampler = threading.Thread(target=sample_memory, args=(process, samples))
             sampler.start()
             _, stderr = process.communicate()
             sampler.join()

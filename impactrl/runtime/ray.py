@@ -36,7 +36,6 @@ import math
 import os
 import queue
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -44,7 +43,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -382,8 +381,9 @@ class RayActors:
     """The actors on the cluster: the learner's BatchSource, and the bookkeeping of their restarts."""
 
     def __init__(self, config: TrainConfig, learner: Learner, spec: RolloutSpec, weights: ObjectStoreWeightSink,
-                 run_dir: Path):
+                 run_dir: Path, report: Callable[[str], None]):
         self.config, self.learner, self.weights, self.run_dir = config, learner, weights, run_dir
+        self.report = report  # a line for the user: restarts, long waits
         self.in_flight = unrolls_in_flight(config)
         self.store = SlotStore(spec, config.num_actors * self.in_flight, shared=False)
         self.free = list(range(self.store.num_slots))
@@ -532,20 +532,18 @@ class RayActors:
         counters.actor_restarts += 1
         key = str(actor.actor_id)
         counters.actor_restarts_by_id[key] = counters.actor_restarts_by_id.get(key, 0) + 1
-        print(f"impactrl: actor {actor.actor_id} failed ({reason}); Ray restarted it on node {where['node_id'][:12]} "
-              f"({where['host']}, pid {where['pid']}) with the latest weights ({len(actor.restarts)} of "
-              f"{config.max_actor_restarts} restarts allowed in {config.actor_restart_window_s:g} s)",
-              file=sys.stderr, flush=True)
+        self.report(f"actor {actor.actor_id} failed ({reason}); Ray restarted it on node {where['node_id'][:12]} "
+                    f"({where['host']}, pid {where['pid']}) with the latest weights ({len(actor.restarts)} of "
+                    f"{config.max_actor_restarts} restarts allowed in {config.actor_restart_window_s:g} s)")
         actor.last_error = ""
 
     def _report_long_wait(self) -> None:
         if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
             self.wait_reported = True
             starting = [actor.actor_id for actor in self.actors if actor.last_error]
-            print(f"impactrl: the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
-                  f"{self.config.slots_per_batch} unrolls ready; actors waiting for Ray to restart them: "
-                  f"{starting or 'none'}; is the cluster short of resources? `ray status` shows it)",
-                  file=sys.stderr, flush=True)
+            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
+                        f"{self.config.slots_per_batch} unrolls ready; actors waiting for Ray to restart them: "
+                        f"{starting or 'none'}; is the cluster short of resources? `ray status` shows it)")
 
 
 def unrolls_in_flight(config: TrainConfig) -> int:
@@ -620,7 +618,7 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
     connect(config)
     try:
         weights = ObjectStoreWeightSink(config)
-        actors = RayActors(config, learner, spec, weights, run_dir)
+        actors = RayActors(config, learner, spec, weights, run_dir, writer.message)
         write_run_info(run_dir, config, actors.learner_where, actors.actors)
         with StopRequests() as stops:
             def check_health() -> None:
