@@ -308,8 +308,10 @@ def _make_atari(env_id: str, options: EnvOptions, *, training: bool) -> gym.Env:
     return env
 
 
-def _gym_make(env_id: str, **kwargs: object) -> gym.Env:
+def _gym_make(env_id: str, render_mode: str | None = None, **kwargs: object) -> gym.Env:
     """``gym.make`` with its failures for a known id turned into a one-line :class:`UserError`."""
+    if render_mode is not None:  # only then: gym.make hands it to constructors that may not take it
+        kwargs["render_mode"] = render_mode
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:

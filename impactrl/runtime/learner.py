@@ -154,7 +154,8 @@ class Learner:
         self.skipped_in_a_row += 1
         if self.skipped_in_a_row < self.config.max_skipped_updates:
             return {}
-        bad_inputs = [key for key, value in batch.items() if value.is_floating_point() and not torch.isfinite(value).all()]
+        bad_inputs = [key for key, value in batch.items() if key != "episode_return"  # NaN but where a game ended
+                      and value.is_floating_point() and not torch.isfinite(value).all()]
         found = (f"; the last batch held non-finite values in {', '.join(bad_inputs)}: check the env"
                  if bad_inputs else "")
         raise TrainingDiverged(
