@@ -8,6 +8,7 @@ import pytest
 
 from conftest import run_cli
 from impactrl.cli import resolve_train_config
+from impactrl.training import build_learner
 
 
 @pytest.mark.parametrize("algo", ["impala", "impact", "ppo"])
@@ -71,3 +72,14 @@ def test_rollout_data_that_cannot_fit_in_memory_is_refused(tmp_path: Path):
                      "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "rollout data would need" in result.stderr and "--unroll-length" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_learning_rate_anneals_over_a_wall_time_budget_when_it_ends_first():
+    config = resolve_train_config(["--env", "CartPole-v1", "--total-env-steps", "1000000", "--max-wall-time-s", "100",
+                                   "--learning-rate", "0.001"]).config
+    learner, _ = build_learner(config, None)
+    learner.counters.env_steps = 100_000  # 10% of the step budget ...
+    learner.wall_time_progress = 0.6  # ... but 60% of the time (run_learner sets it as time passes)
+    assert learner.learning_rate() == pytest.approx(0.001 * 0.4)
+    learner.wall_time_progress = 0.0
+    assert learner.learning_rate() == pytest.approx(0.001 * 0.9)

@@ -1,6 +1,5 @@
 """What a user sees: a live bar on a terminal, plain lines in a pipe, nothing with --quiet,
-everything in train.log; a fast --help; the learning rate annealed over a wall-time budget;
-evaluation videos."""
+everything in train.log; a fast --help; evaluation videos; Weights & Biases offline."""
 
 import json
 import os
@@ -36,15 +35,12 @@ def test_a_terminal_gets_a_live_bar(run_dir: Path):
     assert (run_dir / "train.log").read_text().count("steps ") >= 2
 
 
-def test_a_pipe_gets_plain_lines_and_quiet_gets_nothing(tmp_path: Path):
+def test_a_pipe_gets_plain_lines(tmp_path: Path):
     result = run_cli("train", *SHORT, "--out", str(tmp_path / "piped"), check=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
     assert lines and all("ETA" in line and "/s" in line for line in lines) and "\r" not in result.stdout
     log = (tmp_path / "piped" / "train.log").read_text().splitlines()
     assert log == lines
-    quiet = run_cli("train", *SHORT, "--out", str(tmp_path / "quiet"), "--quiet", check=True)
-    assert not [line for line in quiet.stdout.splitlines() if line.startswith("[")]
-    assert (tmp_path / "quiet" / "train.log").read_text().count("\n") >= 2
 
 
 def test_help_answers_fast_without_loading_envs():
@@ -57,14 +53,6 @@ def test_help_answers_fast_without_loading_envs():
                             "print(sorted(m for m in ('torch', 'gymnasium', 'ale_py') if m in sys.modules))"],
                            capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip().splitlines()[-1] == "[]"
-
-
-def test_learning_rate_anneals_over_a_wall_time_budget(run_dir: Path):
-    run_cli("train", "--env", "CartPole-v1", *FAST, "--total-env-steps", "100000000", "--max-wall-time-s", "20",
-            "--learning-rate", "0.001", "--out", str(run_dir), check=True)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["optim/learning_rate"] for r in records if "optim/learning_rate" in r]
-    assert rates[-1] < 0.3 * 0.001 and rates == sorted(rates, reverse=True)
 
 
 def test_eval_writes_videos_that_decode(tmp_path: Path):
@@ -83,7 +71,9 @@ def test_eval_writes_videos_that_decode(tmp_path: Path):
     assert len(frames) > 50 and frames[0].shape == (210, 160, 3)  # the ALE screen, in colour
 
 
-def test_wandb_logs_offline_into_the_run_directory(run_dir: Path):
-    run_cli("train", *SHORT, "--wandb-project", "impactrl-tests", "--out", str(run_dir), check=True)
+def test_quiet_shows_nothing_and_wandb_logs_offline_into_the_run_directory(run_dir: Path):
+    result = run_cli("train", *SHORT, "--quiet", "--wandb-project", "impactrl-tests", "--out", str(run_dir), check=True)
+    assert not [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert (run_dir / "train.log").read_text().count("\n") >= 2
     logs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1 and b"episode_return_mean" in logs[0].read_bytes()
