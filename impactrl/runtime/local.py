@@ -43,7 +43,7 @@ from impactrl.errors import ActorFailed, EnvBroken
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
-from impactrl.runtime.learner import Learner, LearnerCounters, run_learner
+from impactrl.runtime.learner import Learner, LearnerCounters, count_restart, run_learner
 
 
 STARTUP_GRACE_S = 60.0
@@ -246,23 +246,17 @@ class LocalActors:
                 self._restart(actor, f"sent no heartbeat for {self.config.actor_stall_timeout_s:g} s (hung)")
 
     def _restart(self, actor: ActorHandle, reason: str) -> None:
-        config, counters = self.config, self.learner.counters
+        config = self.config
         trace = f"\n{actor.last_error.rstrip()}" if actor.last_error else ""
         if actor.fatal:
             raise ActorFailed(f"actor {actor.actor_id} {reason}:{trace}")
-        now = time.monotonic()
-        while actor.restarts and now - actor.restarts[0] > config.actor_restart_window_s:
-            actor.restarts.popleft()
-        if len(actor.restarts) >= config.max_actor_restarts:
-            raise ActorFailed(f"actor {actor.actor_id} {reason}, after {len(actor.restarts)} restarts in the last "
-                              f"{config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
-                              f"--actor-restart-window-s {config.actor_restart_window_s:g}); its last failure:{trace}")
-        actor.restarts.append(now)
-        counters.actor_restarts += 1
-        counters.actor_restarts_by_id[str(actor.actor_id)] = counters.actor_restarts_by_id.get(str(actor.actor_id), 0) + 1
+        try:
+            restarts = count_restart(config, self.learner.counters, actor.actor_id, actor.restarts, reason)
+        except ActorFailed as error:
+            raise ActorFailed(f"{error}; its last failure:{trace}") from None
         last_line = actor.last_error.strip().splitlines()[-1] if actor.last_error else ""
         self.report(f"actor {actor.actor_id} {reason}{': ' + last_line if last_line else ''}; restarting it with "
-                    f"the latest weights ({len(actor.restarts)} of {config.max_actor_restarts} restarts allowed in "
+                    f"the latest weights ({restarts} of {config.max_actor_restarts} restarts allowed in "
                     f"{config.actor_restart_window_s:g} s)")
         self._close_pipes(actor)
         actor.last_error = None

@@ -54,7 +54,7 @@ from impactrl.errors import ActorFailed, EnvBroken, UserError
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
-from impactrl.runtime.learner import Learner, LearnerCounters, run_learner
+from impactrl.runtime.learner import Learner, LearnerCounters, count_restart, run_learner
 from impactrl.runtime.local import StopRequests, learner_threads
 
 try:
@@ -519,21 +519,11 @@ class RayActors:
         write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
 
     def _count_restart(self, actor: ActorHandle, where: dict) -> None:
-        config, counters = self.config, self.learner.counters
-        now = time.monotonic()
-        while actor.restarts and now - actor.restarts[0] > config.actor_restart_window_s:
-            actor.restarts.popleft()
+        config = self.config
         reason = actor.last_error or "its process was replaced"
-        if len(actor.restarts) >= config.max_actor_restarts:
-            raise ActorFailed(f"actor {actor.actor_id} failed ({reason}) after {len(actor.restarts)} restarts in the "
-                              f"last {config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
-                              f"--actor-restart-window-s {config.actor_restart_window_s:g})")
-        actor.restarts.append(now)
-        counters.actor_restarts += 1
-        key = str(actor.actor_id)
-        counters.actor_restarts_by_id[key] = counters.actor_restarts_by_id.get(key, 0) + 1
+        restarts = count_restart(config, self.learner.counters, actor.actor_id, actor.restarts, f"failed ({reason})")
         self.report(f"actor {actor.actor_id} failed ({reason}); Ray restarted it on node {where['node_id'][:12]} "
-                    f"({where['host']}, pid {where['pid']}) with the latest weights ({len(actor.restarts)} of "
+                    f"({where['host']}, pid {where['pid']}) with the latest weights ({restarts} of "
                     f"{config.max_actor_restarts} restarts allowed in {config.actor_restart_window_s:g} s)")
         actor.last_error = ""
 
