@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from impactrl.build import make_agent, make_training_envs
+from impactrl.build import make_agent, make_training_envs, run_tasks
 from impactrl.cli import resolve_train_config
 from impactrl.models import AgentInput
 
@@ -46,9 +46,10 @@ def policy_actions(agent, obs: np.ndarray) -> np.ndarray:
 
 def actor_side_worker(config, index: int, seconds: float, result) -> None:
     torch.set_num_threads(1)
-    envs = make_training_envs(config, config.envs_per_actor, seed=100 * index)
+    tasks = run_tasks(config)
+    envs = make_training_envs(config, tasks, index, seed=100 * index)
     obs = envs.reset()
-    agent = make_agent(config, envs.observation_space, envs.action_space).eval()
+    agent = make_agent(config, tasks).eval()
     steps, began, deadline = 0, None, time.perf_counter() + WARMUP_S + seconds
     with torch.inference_mode():
         while (now := time.perf_counter()) < deadline:
@@ -61,7 +62,7 @@ def actor_side_worker(config, index: int, seconds: float, result) -> None:
 
 def env_worker(config, index: int, obs_buffer: torch.Tensor, action_buffer: torch.Tensor, conn) -> None:
     torch.set_num_threads(1)
-    envs = make_training_envs(config, config.envs_per_actor, seed=100 * index)
+    envs = make_training_envs(config, run_tasks(config), index, seed=100 * index)
     obs_buffer[index] = torch.from_numpy(envs.reset())
     conn.send_bytes(b"o")
     while conn.recv_bytes() == b"a":
@@ -73,13 +74,12 @@ def env_worker(config, index: int, obs_buffer: torch.Tensor, action_buffer: torc
 def run_central(config, processes: int, seconds: float, context) -> float:
     torch.set_num_threads(1)
     E = config.envs_per_actor
-    envs = make_training_envs(config, 1)
-    agent = make_agent(config, envs.observation_space, envs.action_space).eval()
-    obs_buffer = torch.zeros((processes, E, *envs.observation_space.shape),
-                             dtype=torch.from_numpy(envs.observation_space.sample()).dtype).share_memory_()
+    tasks = run_tasks(config)
+    agent = make_agent(config, tasks).eval()
+    obs_buffer = torch.zeros((processes, E, *tasks.observation_space.shape),
+                             dtype=torch.from_numpy(tasks.observation_space.sample()).dtype).share_memory_()
     head = agent.policy_head
     action_buffer = torch.zeros((processes, E, *head.action_shape), dtype=head.action_dtype).share_memory_()
-    envs.close()
     pipes = [context.Pipe() for _ in range(processes)]
     workers = [context.Process(target=env_worker, args=(config, i, obs_buffer, action_buffer, child))
                for i, (_, child) in enumerate(pipes)]

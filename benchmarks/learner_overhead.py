@@ -25,7 +25,7 @@ import time
 import torch
 
 from impactrl.algos import make_algorithm
-from impactrl.build import make_agent, make_training_envs, rollout_spec
+from impactrl.build import make_agent, rollout_spec, run_tasks
 from impactrl.cli import resolve_train_config
 from impactrl.data.rollout import Batch, SlotStore
 from impactrl.models.heads import CategoricalHead
@@ -33,9 +33,10 @@ from impactrl.runtime.learner import Learner
 from impactrl.runtime.local import SharedWeights
 
 
-def random_batch(config, agent, observation_space) -> Batch:
+def random_batch(config, agent, tasks) -> Batch:
     """One batch of the preset's shapes and dtypes with random contents: for timing only."""
-    spec = rollout_spec(config, agent, observation_space)
+    spec = rollout_spec(config, agent, tasks)
+    observation_space = tasks.observation_space
     store = SlotStore(spec, config.slots_per_batch, shared=False)
     generator = torch.Generator().manual_seed(0)
     for key, tensor in store.data.items():
@@ -104,15 +105,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = resolve_train_config(["--algo", args.algo, "--env", args.env, "--no-lr-decay"]).config
-    env = make_training_envs(config, 1)
+    tasks = run_tasks(config)
     torch.manual_seed(0)
-    learner_agent = make_agent(config, env.observation_space, env.action_space)
+    learner_agent = make_agent(config, tasks)
     if not isinstance(learner_agent.policy_head, CategoricalHead):
         parser.error("the bare loop is written for discrete actions; pick an env with a Discrete action space")
-    bare_agent = make_agent(config, env.observation_space, env.action_space)
+    bare_agent = make_agent(config, tasks)
     bare_agent.load_state_dict(learner_agent.state_dict())
-    batch = random_batch(config, learner_agent, env.observation_space)
-    env.close()
+    batch = random_batch(config, learner_agent, tasks)
 
     learner = Learner(config, learner_agent, make_algorithm(config, learner_agent), torch.device("cpu"))
     bare_optimizer = type(learner.optimizer)(bare_agent.parameters(), **learner.optimizer.defaults)

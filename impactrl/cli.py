@@ -35,7 +35,8 @@ USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
 
 # Settings a resumed run cannot change: they shape the model, its inputs or the algorithm's state.
 FIXED_ON_RESUME = ("env", "algo", "torso", "hidden_sizes", "use_lstm", "lstm_size", "separate_value_network",
-                   "normalize_observations", "normalize_rewards", "squash_actions", "optimizer", "frame_stack")
+                   "normalize_observations", "normalize_rewards", "squash_actions", "optimizer", "frame_stack",
+                   "popart")
 
 
 class TrainRequest(NamedTuple):
@@ -70,12 +71,11 @@ def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
     elif help_only:
         values = {}  # --help shows the plain defaults, without loading env registries for a preset
     else:
-        from impactrl.envs import check_env_id, env_family
+        from impactrl.envs.tasks import tasks_family
 
-        env_id = known.env or file_values.get("env") or TrainConfig.env
+        env = known.env or file_values.get("env") or TrainConfig.env
         algo = known.algo or file_values.get("algo") or TrainConfig.algo
-        check_env_id(env_id)
-        values = preset_values(algo, env_family(env_id))
+        values = preset_values(algo, tasks_family(env), env)
     values.update(file_values)
     if known.env is not None:
         values["env"] = known.env
@@ -88,10 +88,10 @@ def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
               "Defaults below are before presets: the env family's and the algorithm's (impactrl/configs/)\n"
               "apply on top of them.\n")
     config = tyro.cli(TrainConfig, default=base, args=rest, prog="impactrl train")
-    from impactrl.envs import env_family
+    from impactrl.envs.tasks import tasks_family
 
     given = set(file_values) | {flag_name(arg) for arg in rest if arg.startswith("--")}
-    for problem in unread_settings(config, given, env_family(config.env)):
+    for problem in unread_settings(config, given, tasks_family(config.env)):
         print(f"impactrl train: warning: {problem}; ignored", file=sys.stderr)
     return TrainRequest(config, known.resume, known.checkpoint, known.quiet)
 
@@ -106,26 +106,22 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     """Check everything that can be checked without starting a process; return what was loaded."""
     import torch
 
-    from impactrl.build import env_options, make_agent, make_training_envs, rollout_spec
+    from impactrl.build import env_options, env_tasks, make_agent, rollout_spec, run_tasks
     from impactrl.checkpoint import load_checkpoint
     from impactrl.data.rollout import data_bytes
-    from impactrl.envs import check_env_id
     from impactrl.runtime import preflight
 
     found = problems(config) + env_options(config).problems()
     if found:
         raise UserError("; ".join(found))
-    check_env_id(config.env)
     if config.wandb_project is not None and importlib.util.find_spec("wandb") is None:
         raise UserError('--wandb-project needs Weights & Biases: pip install -e ".[wandb]" (or pip install wandb)')
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
-    env = make_training_envs(config, 1)
-    try:
-        agent = make_agent(config, env.observation_space, env.action_space)
-        slot_bytes = data_bytes(rollout_spec(config, agent, env.observation_space))
-    finally:
-        env.close()
+    tasks = run_tasks(config)
+    env_tasks(config, tasks)  # enough envs for the tasks, one weight per task
+    agent = make_agent(config, tasks)
+    slot_bytes = data_bytes(rollout_spec(config, agent, tasks))
     # The slots, plus the learner's copies: the batch being gathered, one pending and IMPACT's buffer.
     batches_held = 2 + (config.buffer_batches if config.algo == "impact" else 0)
     needed = slot_bytes * (config.num_slots + batches_held * config.slots_per_batch)
@@ -264,7 +260,11 @@ def evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--num-envs", type=int, default=8, help="envs stepped in lockstep (default 8)")
     parser.add_argument("--video", type=Path, metavar="DIR",
-                        help="write the first env's episodes to DIR as mp4 files (episode-000.mp4, ...)")
+                        help="write the first env's episodes to DIR as mp4 files (episode-000.mp4, ...; per task "
+                        "DIR/TASK/ for a multi-task agent)")
+    parser.add_argument("--reference", type=Path, nargs="+", default=[], metavar="RUN",
+                        help="multi-task agent: single-task runs (run directories or checkpoints) on its tasks; "
+                        "each task's score is (R - R_random) / (R_reference - R_random), and score their mean")
     args = parser.parse_args(list(argv))
     if args.episodes < 1:
         raise UserError(f"--episodes must be >= 1, got {args.episodes}")
@@ -273,7 +273,7 @@ def evaluate(argv: Sequence[str]) -> int:
     from impactrl.evaluation import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs,
-                                 video_dir=args.video)
+                                 video_dir=args.video, references=args.reference)
     print(json.dumps(result))
     return 0
 

@@ -32,7 +32,10 @@ class TrainConfig:
     algo: Literal["impala", "impact", "ppo"] = "impala"
     """Algorithm: impala (V-trace actor-critic), impact (IMPALA + target network + circular buffer), ppo (synchronous)."""
     env: str = "CartPole-v1"
-    """Gymnasium id: CartPole-v1, MinAtar/Breakout-v1, ALE/Pong-v5, impactrl/CartPoleNoVelocity-v1, ..."""
+    """Gymnasium id (CartPole-v1, MinAtar/Breakout-v1, ALE/Pong-v5, ...), or several tasks for one agent:
+    ids separated by commas (one env family) or a suite (minatar = the five MinAtar games)."""
+    task_weights: tuple[float, ...] = ()
+    """Several tasks: each task's share of the envs, one weight per task in --env's order (default: round-robin)."""
     total_env_steps: int = 500_000
     """Stop after this many environment steps (agent steps; an Atari step is frame_skip frames)."""
     max_wall_time_s: float | None = None
@@ -113,6 +116,12 @@ class TrainConfig:
     """Give the value function its own torso (CleanRL's MuJoCo PPO network); not with the LSTM."""
     normalize_observations: bool = False
     """Normalise vector observations by running mean and std; the statistics travel with the weights."""
+    popart: bool = False
+    """IMPALA, IMPACT: PopArt (Hessel et al. 2019): value targets normalised per task by running
+    statistics, with the value head rewritten to preserve its outputs; lets tasks with different
+    reward scales train together, with --reward-clip none."""
+    popart_beta: float = 3e-4
+    """PopArt: step size of the statistics' moving averages (per learner update)."""
     normalize_rewards: bool = False
     """Scale rewards by the running std of the discounted return, per env, clipped to +-10 (CleanRL)."""
     squash_actions: bool = False
@@ -319,6 +328,12 @@ def problems(config: TrainConfig) -> list[str]:
             found.append(f"{name} must be > 0, got {value}")
     if not 0.0 < config.rmsprop_alpha < 1.0:
         found.append(f"rmsprop_alpha must be in (0, 1), got {config.rmsprop_alpha}")
+    if config.popart and config.algo == "ppo":
+        found.append("popart needs the V-trace learners: use --algo impala or impact")
+    if not 0.0 < config.popart_beta <= 1.0:
+        found.append(f"popart_beta must be in (0, 1], got {config.popart_beta}")
+    if any(not (weight > 0 and math.isfinite(weight)) for weight in config.task_weights):
+        found.append(f"task_weights must be positive numbers, got {list(config.task_weights)}")
     if config.max_wall_time_s is not None and not config.max_wall_time_s > 0:
         found.append(f"max_wall_time_s must be > 0 or None, got {config.max_wall_time_s}")
     found += ray_problems(config)
@@ -368,7 +383,7 @@ READ_ONLY_BY = {
     "IMPACT and PPO": ({"impact", "ppo"}, ("clip_param", "normalize_advantages")),
     "IMPALA and IMPACT (V-trace)": ({"impala", "impact"}, ("clip_rho_threshold", "clip_pg_rho_threshold",
                                                            "clip_c_threshold", "vtrace_lambda", "batch_size",
-                                                           "max_policy_lag")),
+                                                           "max_policy_lag", "popart_beta")),
 }
 ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life")
 OPTIMIZER_SETTINGS = {"rmsprop": ("rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum"), "adam": ("adam_eps",)}
@@ -391,26 +406,32 @@ def unread_settings(config: TrainConfig, given: set[str], family: str) -> list[s
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
-def preset_files(algo: str, family: str) -> list[Path]:
+def preset_files(algo: str, family: str, env: str = "") -> list[Path]:
     """The preset YAML files for an algorithm on an env family, in the order they apply.
 
     ``env-{family}.yaml``: what the family needs whatever the algorithm (preprocessing, reward
     clipping, network, normalisation); ``{algo}.yaml``: the algorithm's own defaults;
-    ``{algo}-{family}.yaml``: the algorithm's tuning for the family. Any may be missing.
+    ``{algo}-{family}.yaml``: the algorithm's tuning for the family; ``suite-{env}.yaml`` when
+    ``env`` names a task suite (its envs and step budget). Any may be missing.
     """
-    names = (f"env-{family}.yaml", f"{algo}.yaml", f"{algo}-{family}.yaml")
+    names = (f"env-{family}.yaml", f"{algo}.yaml", f"{algo}-{family}.yaml", f"suite-{env}.yaml")
     return [PRESET_DIR / name for name in names if (PRESET_DIR / name).exists()]
 
 
-def preset_values(algo: str, family: str) -> dict[str, Any]:
+def preset_values(algo: str, family: str, env: str = "") -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for path in preset_files(algo, family):
+    for path in preset_files(algo, family, env):
         values.update(load_yaml(path))
     return values
 
 
 def field_names() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+# What a YAML list may hold for a tuple[int, ...], tuple[float, ...] or tuple[str, ...] setting.
+TUPLE_ITEM_TYPES = {int: int, float: (int, float), str: str}
+TUPLE_ITEM_NAMES = {int: "integers", float: "numbers", str: "strings"}
 
 
 def type_problem(name: str, value: Any, annotation: Any) -> str | None:
@@ -423,7 +444,7 @@ def type_problem(name: str, value: Any, annotation: Any) -> str | None:
         if origin is Literal and value in typing.get_args(option):
             return None
         if origin is tuple and isinstance(value, (list, tuple)) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
+                isinstance(v, TUPLE_ITEM_TYPES[typing.get_args(option)[0]]) and not isinstance(v, bool) for v in value):
             return None
         if option is bool and isinstance(value, bool):
             return None
@@ -437,7 +458,8 @@ def type_problem(name: str, value: Any, annotation: Any) -> str | None:
              type(None): "null"}
     wanted = " or ".join(
         "one of " + ", ".join(map(str, typing.get_args(o))) if typing.get_origin(o) is Literal
-        else "a list of integers" if typing.get_origin(o) is tuple else names[o] for o in options)
+        else f"a list of {TUPLE_ITEM_NAMES[typing.get_args(o)[0]]}" if typing.get_origin(o) is tuple
+        else names[o] for o in options)
     return f"{name} must be {wanted}, got {value!r}"
 
 
@@ -451,7 +473,7 @@ def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
     if wrong:
         raise UserError(f"{source}: {'; '.join(wrong)}")
     out = dict(values)
-    for name in ("hidden_sizes", "ray_actor_resources"):
+    for name in ("hidden_sizes", "ray_actor_resources", "task_weights"):
         if isinstance(out.get(name), list):
             out[name] = tuple(out[name])
     if out.get("out") is not None:
@@ -477,6 +499,7 @@ def to_yaml(config: TrainConfig) -> str:
     values = dataclasses.asdict(config)
     values["hidden_sizes"] = list(config.hidden_sizes)
     values["ray_actor_resources"] = list(config.ray_actor_resources)
+    values["task_weights"] = list(config.task_weights)
     values["out"] = str(config.out) if config.out is not None else None
     return yaml.safe_dump(values, sort_keys=False)
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
 
-from impactrl.build import env_options, make_agent
+from impactrl.build import env_options, make_agent, run_tasks
 from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs import make_env
+from impactrl.envs.tasks import pad_observation
 from impactrl.errors import UserError
 from impactrl.models import AgentInput
 
@@ -51,22 +53,92 @@ class EpisodeVideos:
 
 
 def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bool = False,
-                        num_envs: int = 8, video_dir: Path | None = None) -> dict:
+                        num_envs: int = 8, video_dir: Path | None = None,
+                        references: Sequence[Path] = ()) -> dict:
     """Mean and std of the undiscounted return over ``episodes`` whole episodes; with
-    ``video_dir``, the first env's episodes as mp4 files there."""
+    ``video_dir``, the first env's episodes as mp4 files there.
+
+    A multi-task agent plays ``episodes`` on every task and the result has one entry per task,
+    with the return of a uniform-random policy over the task's actions beside it, and
+    ``score``: the mean over tasks of the normalised score (R − R_random) / (R_reference − R_random),
+    where R_reference is the return of the single-task run in ``references`` on that task
+    (evaluated the same way); null without references.
+    """
+    # A few envs per forward pass: more threads only add synchronisation (much slower on a busy machine).
+    torch.set_num_threads(1)
     state = load_checkpoint(path)
     config = with_values(TrainConfig(), coerce(yaml.safe_load(state["config"]), "checkpoint config"))
-    torch.manual_seed(seed)
-    num_envs = min(num_envs, episodes)
+    config = with_values(config, {"env_backend": "gymnasium"})  # evaluation plays whole games on Gymnasium
+    tasks = run_tasks(config)
+    agent = make_agent(config, tasks)
+    agent.load_state_dict(state["agent"])
+    agent.eval()
     options = env_options(config)
     if video_dir is not None:
         options = dataclasses.replace(options, render_mode="rgb_array")
-    envs = [make_env(config.env, options, seed=seed + i, training=False) for i in range(num_envs)]
-    agent = make_agent(config, envs[0].observation_space, envs[0].action_space)
-    agent.load_state_dict(state["agent"])
-    agent.eval()
+        Path(video_dir).mkdir(parents=True, exist_ok=True)
+    num_envs = min(num_envs, episodes)
+    shape = tuple(tasks.observation_space.shape)
+    common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy}
+    if not tasks.multi_task:
+        envs = [make_env(config.env, options, seed=seed + i, training=False) for i in range(num_envs)]
+        returns, videos = play(agent, envs, 0, shape, episodes, seed, greedy, video_dir)
+        return {**summarize_returns(returns), **common, **({"videos": videos} if video_dir is not None else {})}
+    reference_returns = {}
+    for reference in references:
+        result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs)
+        if result["env"] not in tasks.ids:
+            raise UserError(f"--reference {reference}: a run on {result['env']}, not a single-task run on one of "
+                            f"{', '.join(tasks.ids)}")
+        reference_returns[result["env"]] = result["return_mean"]
+    per_task, scores = {}, []
+    for task, (env_id, label) in enumerate(zip(tasks.ids, tasks.labels)):
+        envs = [make_env(env_id, options, seed=seed + i, training=False) for i in range(num_envs)]
+        returns, videos = play(agent, envs, task, shape, episodes, seed, greedy,
+                               None if video_dir is None else Path(video_dir) / label)
+        random_return = float(np.mean(random_returns(env_id, options, episodes, seed)))
+        entry = {**summarize_returns(returns), "env": env_id, "random_return_mean": random_return}
+        if env_id in reference_returns:
+            entry["reference_return_mean"] = reference_returns[env_id]
+            spread = reference_returns[env_id] - random_return
+            entry["score"] = (entry["return_mean"] - random_return) / spread if spread > 0 else None
+            if entry["score"] is not None:
+                scores.append(entry["score"])
+        if video_dir is not None:
+            entry["videos"] = videos
+        per_task[label] = entry
+    return {"tasks": per_task, "score": float(np.mean(scores)) if scores else None, "tasks_scored": len(scores),
+            "tasks_above_random": sum(entry["return_mean"] > entry["random_return_mean"] for entry in per_task.values()),
+            **common}
+
+
+def summarize_returns(returns: list[float]) -> dict:
+    values = np.asarray(returns)
+    return {"return_mean": float(values.mean()), "return_std": float(values.std()), "episodes": int(len(values))}
+
+
+def random_returns(env_id: str, options, episodes: int, seed: int) -> list[float]:
+    """Returns of a uniform-random policy over ``episodes`` whole episodes (the score's floor)."""
+    env = make_env(env_id, options, seed=seed, training=False)
+    returns = []
+    env.reset(seed=seed)
+    while len(returns) < episodes:
+        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        if terminated or truncated:
+            returns.append(float(info["episode"]["r"]))
+            env.reset()
+    env.close()
+    return returns
+
+
+def play(agent, envs: list, task: int, shape: tuple[int, ...], episodes: int, seed: int, greedy: bool,
+         video_dir: Path | None) -> tuple[list[float], list[str]]:
+    """Play ``episodes`` whole episodes of task ``task`` on ``envs`` (closed at the end), their
+    observations padded to ``shape``; returns and the videos written (the first env's episodes,
+    with ``video_dir``)."""
+    num_envs = len(envs)
     head = agent.policy_head
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    obs = np.stack([pad_observation(env.reset(seed=seed + i)[0], shape) for i, env in enumerate(envs)])
     videos = None
     if video_dir is not None:
         Path(video_dir).mkdir(parents=True, exist_ok=True)
@@ -74,6 +146,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     first = torch.ones(num_envs, dtype=torch.bool)
     prev_action = torch.zeros((num_envs, *head.action_shape), dtype=head.action_dtype)
     prev_reward = torch.zeros(num_envs)
+    task_index = torch.full((1, num_envs), task, dtype=torch.int64)
     core_state = agent.initial_state(num_envs)
     returns: list[float] = []
     # An env only starts a new episode while more are needed, so fast envs don't bias the mean.
@@ -81,7 +154,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     active = np.ones(num_envs, dtype=bool)
     with torch.inference_mode():
         while len(returns) < episodes:
-            inputs = AgentInput(torch.from_numpy(obs)[None], prev_action[None], prev_reward[None], first[None])
+            inputs = AgentInput(torch.from_numpy(obs)[None], prev_action[None], prev_reward[None], first[None], task_index)
             output, core_state = agent(inputs, core_state)
             policy = output.policy[0]
             action = head.mode(policy) if greedy else head.sample(policy)
@@ -89,7 +162,8 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
             for i, env in enumerate(envs):
                 if not active[i]:
                     continue
-                obs[i], reward, terminated, truncated, info = env.step(action[i].numpy())
+                observation, reward, terminated, truncated, info = env.step(action[i].numpy())
+                obs[i] = pad_observation(observation, shape)
                 prev_reward[i] = float(reward)
                 if videos is not None and i == 0:
                     videos.capture()
@@ -99,7 +173,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
                         videos.finish_episode()
                     if started < episodes:
                         started += 1
-                        obs[i] = env.reset()[0]
+                        obs[i] = pad_observation(env.reset()[0], shape)
                         first[i] = True
                         if videos is not None and i == 0:
                             videos.capture()
@@ -109,13 +183,5 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
             prev_reward = torch.where(first, torch.zeros_like(prev_reward), prev_reward)
     for env in envs:
         env.close()
-    returns_array = np.asarray(returns[:episodes])
-    return {
-        "return_mean": float(returns_array.mean()),
-        "return_std": float(returns_array.std()),
-        "episodes": int(len(returns_array)),
-        "env": config.env,
-        "env_steps_trained": int(state["learner"]["env_steps"]),
-        "greedy": greedy,
-        **({"videos": [str(path) for path in videos.written]} if videos is not None else {}),
-    }
+    return returns[:episodes], [str(path) for path in videos.written] if videos is not None else []
+

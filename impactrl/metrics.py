@@ -117,20 +117,28 @@ def terminal_line(record: dict[str, Any], total_env_steps: int) -> str:
     """One plain line: time, env steps of the budget with the ETA, then the status."""
     done, rate = record["env_steps"] / total_env_steps, record["env_steps_per_s"]
     eta = f"{(total_env_steps - record['env_steps']) / rate:5.0f}s" if rate and done < 1 else "    -"
-    return (f"[{record['wall_time_s']:7.1f}s] steps {record['env_steps']:>11,} ({min(done, 1):4.0%}, ETA {eta})  "
+    line = (f"[{record['wall_time_s']:7.1f}s] steps {record['env_steps']:>11,} ({min(done, 1):4.0%}, ETA {eta})  "
             f"{status(record)}")
+    if "task" in record:
+        line += "  | " + "  ".join(f"{label} {task['episode_return_mean']:.2f}" if task["episode_return_mean"] is not None
+                                   else f"{label} -" for label, task in record["task"].items())
+    return line
 
 
 class IntervalStats:
-    """Accumulates what happens between two metrics lines; ``steps_per_unroll`` is E × T."""
+    """Accumulates what happens between two metrics lines; ``steps_per_unroll`` is E × T.
+    With ``task_labels`` (several tasks) the summary also has a ``task`` entry per task."""
 
-    def __init__(self, steps_per_unroll: int) -> None:
+    def __init__(self, steps_per_unroll: int, task_labels: tuple[str, ...] | None = None) -> None:
         self.steps_per_unroll = steps_per_unroll
+        self.task_labels = task_labels
         self.reset()
 
     def reset(self) -> None:
         self.returns: list[float] = []
         self.lengths: list[float] = []
+        self.episode_tasks: list[int] = []
+        self.unroll_tasks: list[np.ndarray] = []
         self.lags: list[np.ndarray] = []
         self.ages: list[np.ndarray] = []
         self.actor_ids: list[np.ndarray] = []
@@ -138,12 +146,15 @@ class IntervalStats:
         self.sums: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
 
-    def add_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+    def add_episodes(self, returns: np.ndarray, lengths: np.ndarray, tasks: np.ndarray) -> None:
         self.returns.extend(returns.tolist())
         self.lengths.extend(lengths.tolist())
+        self.episode_tasks.extend(tasks.tolist())
 
     def add_unrolls(self, actor_ids: np.ndarray, lags: np.ndarray, ages_s: np.ndarray,
-                    stage_seconds: np.ndarray) -> None:
+                    stage_seconds: np.ndarray, tasks: np.ndarray) -> None:
+        """Per unroll (one env's T steps): actor, policy lag, data age and task; per slot: stage times."""
+        self.unroll_tasks.append(tasks)
         self.actor_ids.append(actor_ids)
         self.lags.append(lags)
         self.ages.append(ages_s)
@@ -180,6 +191,21 @@ class IntervalStats:
             out["time/actor_env_steps_per_s"] = unrolls * self.steps_per_unroll / max(env_seconds, 1e-12)
         else:
             out.update(policy_lag_mean=None, policy_lag_max=None, data_age_mean_s=None)
+        if self.task_labels is not None:
+            out["task"] = self._per_task()
         for key, total in self.sums.items():
             out[key] = total / self.counts[key]
+        return out
+
+    def _per_task(self) -> dict[str, dict[str, Any]]:
+        """Return, episodes and policy lag of each task over the interval (null where it had none)."""
+        returns, episode_tasks = np.asarray(self.returns), np.asarray(self.episode_tasks, np.int64)
+        lags = np.concatenate(self.lags) if self.lags else np.zeros(0)
+        unroll_tasks = np.concatenate(self.unroll_tasks) if self.unroll_tasks else np.zeros(0, np.int64)
+        out = {}
+        for task, label in enumerate(self.task_labels):
+            ended, unrolls = returns[episode_tasks == task], lags[unroll_tasks == task]
+            out[label] = {"episode_return_mean": float(ended.mean()) if len(ended) else None,
+                          "episodes": int(len(ended)),
+                          "policy_lag_mean": float(unrolls.mean()) if len(unrolls) else None}
         return out

@@ -1,4 +1,8 @@
-"""``impactrl plot``: learning curves from one or more runs' ``metrics.jsonl``."""
+"""``impactrl plot``: learning curves from one or more runs' ``metrics.jsonl``.
+
+Runs on several tasks get one panel per task: each task's return over its own env steps (or the
+chosen x), with every single-task run on that task in the same panel for comparison.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,37 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import yaml
+
 from impactrl.errors import UserError
 
 
-def read_curve(run_dir: Path, x_key: str, y_key: str) -> tuple[list[float], list[float]]:
+def read_records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise UserError(f"{run_dir} has no metrics.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_curve(run_dir: Path, x_key: str, y_key: str) -> tuple[list[float], list[float]]:
+    return curve(read_records(run_dir), x_key, y_key)
+
+
+def curve(records: list[dict], x_key: str, y_key: str, task: str | None = None) -> tuple[list[float], list[float]]:
+    """``(xs, ys)`` where ``y_key`` is set; of ``task``'s entry when given (its own env steps for x = env_steps)."""
     xs, ys = [], []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get(y_key) is not None:
-            xs.append(record[x_key])
-            ys.append(record[y_key])
+    for record in records:
+        source = record.get("task", {}).get(task) if task is not None else record
+        if source is None or source.get(y_key) is None:
+            continue
+        xs.append(source[x_key] if task is not None and x_key in source else record[x_key])
+        ys.append(source[y_key])
     return xs, ys
+
+
+def run_env(run_dir: Path) -> str | None:
+    config = Path(run_dir) / "config.yaml"
+    return yaml.safe_load(config.read_text()).get("env") if config.exists() else None
 
 
 def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
@@ -29,16 +50,42 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for run_dir in run_dirs:
-        xs, ys = read_curve(run_dir, x_key, y_key)
-        axes.plot(xs, ys, label=Path(run_dir).name, linewidth=1.4)
-    axes.set_xlabel(x_key)
-    axes.set_ylabel(y_key)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    runs = [(Path(run_dir), read_records(run_dir)) for run_dir in run_dirs]
+    tasks: dict[str, str] = {}  # label -> env id, over the multi-task runs
+    for run_dir, records in runs:
+        if records and "task" in records[-1]:
+            from impactrl.envs.tasks import task_ids, task_labels
+
+            ids = task_ids(run_env(run_dir))
+            tasks.update(zip(task_labels(ids), ids))
+    panels = list(tasks) or [None]
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(7 if columns == 1 else 4.2 * columns, 4.5 if rows == 1 else 3.4 * rows),
+                                dpi=110, squeeze=False)
+    for index, label in enumerate(panels):
+        ax = axes[index // columns][index % columns]
+        for run_dir, records in runs:
+            multi = bool(records) and "task" in records[-1]
+            if label is not None and multi:
+                xs, ys = curve(records, x_key, y_key, label)
+            elif label is None or run_env(run_dir) == tasks[label]:
+                xs, ys = curve(records, x_key, y_key)
+            else:
+                continue
+            if xs:
+                ax.plot(xs, ys, label=run_dir.name, linewidth=1.4)
+        ax.set_xlabel(x_key + (" (of the task)" if label is not None and x_key == "env_steps" else ""))
+        ax.set_ylabel(y_key)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        if label is not None:
+            ax.set_title(label, fontsize=10)
+    for index in range(len(panels), rows * columns):
+        axes[index // columns][index % columns].set_visible(False)
     if title:
-        axes.set_title(title)
+        figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(out)
     plt.close(figure)

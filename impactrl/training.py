@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from impactrl.algos import make_algorithm
-from impactrl.build import make_agent, make_training_envs, rollout_spec
+from impactrl.build import make_agent, rollout_spec, run_tasks
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
 from impactrl.errors import UserError
@@ -23,12 +23,9 @@ from impactrl.runtime.learner import Learner, LearnerCounters
 def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner, RolloutSpec]:
     """The learner (restored from ``checkpoint`` if given) and the layout of one actor unroll."""
     torch.manual_seed(config.seed)
-    env = make_training_envs(config, 1)
-    try:
-        agent = make_agent(config, env.observation_space, env.action_space)
-        spec = rollout_spec(config, agent, env.observation_space)
-    finally:
-        env.close()
+    tasks = run_tasks(config)
+    agent = make_agent(config, tasks)
+    spec = rollout_spec(config, agent, tasks)
     device = torch.device(config.device)
     agent.to(device)
     learner = Learner(config, agent, make_algorithm(config, agent), device)

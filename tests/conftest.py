@@ -21,6 +21,24 @@ def run_cli(*args: str, timeout: float = 300, check: bool = False, extra_path: s
     return result
 
 
+def collect(config, slots: int):
+    """A fresh learner and ``slots`` one-unroll batches written by a real Actor stepping real envs
+    with the learner's initial weights."""
+    from impactrl.data.rollout import SlotStore
+    from impactrl.runtime.actor import Actor
+    from impactrl.training import build_learner
+
+    learner, spec = build_learner(config, None)
+    actor = Actor(config, actor_id=0)
+    actor.agent.load_state_dict(learner.agent.state_dict())
+    store = SlotStore(spec, num_slots=slots, shared=False)
+    for slot in range(slots):
+        actor.unroll(store.slot_arrays(slot))
+        store.policy_version[slot] = 0
+    actor.close()
+    return learner, [store.gather([slot])[0] for slot in range(slots)]
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"

@@ -5,26 +5,11 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import collect
+
 from impactrl.algos import make_algorithm
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import SlotStore
-from impactrl.runtime.actor import Actor
 from impactrl.training import build_learner
-
-
-def collect(config: TrainConfig, slots: int):
-    """Batches written by a real Actor stepping real envs with the learner's initial weights."""
-    learner, spec = build_learner(config, None)
-    actor = Actor(config, actor_id=0)
-    actor.agent.load_state_dict(learner.agent.state_dict())
-    local_store = SlotStore(spec, num_slots=slots, shared=False)
-    for slot in range(slots):
-        actor.unroll(local_store.slot_arrays(slot))
-        local_store.policy_version[slot] = 0
-    actor.close()
-    batches = [local_store.gather([slot])[0] for slot in range(slots)]
-    return learner, batches
-
 
 IMPACT = TrainConfig(algo="impact", env="CartPole-v1", envs_per_actor=4, batch_size=4, unroll_length=10,
                      optimizer="adam", learning_rate=1e-3, buffer_batches=2, buffer_uses=3,

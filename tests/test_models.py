@@ -208,7 +208,7 @@ def _inputs(T: int, B: int, seed: int = 0, first_at: dict[int, list[int]] | None
 
 
 def _slice(inputs: AgentInput, t0: int, t1: int) -> AgentInput:
-    return AgentInput(*(x[t0:t1] for x in inputs))
+    return AgentInput(*(x[t0:t1] if x is not None else None for x in inputs))
 
 
 def test_agent_without_lstm_shapes_and_stepwise_equivalence():

@@ -50,6 +50,8 @@ class Algorithm(ABC):
         self.config = config
         self.agent = agent
         self._pending: Batch | None = None
+        # PopArt: the last loss's value targets and their tasks, for the statistics' update.
+        self.value_targets: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @abstractmethod
     def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -69,8 +71,15 @@ class Algorithm(ABC):
         return batch
 
     def after_update(self, updates: int) -> dict[str, float]:
-        """Called after every optimiser step with the learner's update count; returns stats."""
-        return {}
+        """Called after every optimiser step with the learner's update count; returns stats.
+        With PopArt, moves the value statistics to the targets the step trained on."""
+        if self.value_targets is None:
+            return {}
+        head = self.agent.value_head
+        head.update(*self.value_targets)
+        self.value_targets = None
+        sigma = head.sigma()
+        return {"popart/mu_mean": float(head.mu.mean()), "popart/sigma_mean": float(sigma.mean())}
 
     def publish_now(self) -> bool:
         """Whether actors should get the weights after this update (PPO: only after the last epoch)."""

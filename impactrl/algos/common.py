@@ -13,7 +13,7 @@ from impactrl.ops.vtrace import VTraceReturns, vtrace_from_importance_weights
 
 def agent_outputs(agent: Agent, batch: Batch) -> AgentOutput:
     """The agent over a batch's T+1 observations, its LSTM starting from the actors' state."""
-    inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"])
+    inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"], batch["task"])
     output, _ = agent(inputs, core_state(batch))
     return output
 
@@ -33,3 +33,14 @@ def vtrace_targets(config: TrainConfig, batch: Batch, log_rhos: torch.Tensor, va
         log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
         clip_rho_threshold=config.clip_rho_threshold, clip_pg_rho_threshold=config.clip_pg_rho_threshold,
         clip_c_threshold=config.clip_c_threshold, lambda_=config.vtrace_lambda, trace_discounts=trace_discounts)
+
+
+def loss_terms(agent: Agent, batch: Batch, output: AgentOutput, vtrace: VTraceReturns) -> tuple[torch.Tensor, ...]:
+    """``(values, value targets, policy-gradient advantages)`` for the losses: as V-trace gives them,
+    or with PopArt in the task's normalised space (ALGORITHMS.md §e): the learner's n(x), the
+    targets (v − μ) / σ and the advantages divided by σ (V-trace itself ran on unnormalised values)."""
+    values = output.value[:-1]
+    if output.normalized_value is None:
+        return values, vtrace.vs, vtrace.pg_advantages
+    mu, sigma = agent.value_head.statistics(batch["task"][:-1], values.shape)
+    return output.normalized_value[:-1], (vtrace.vs - mu) / sigma, vtrace.pg_advantages / sigma

@@ -18,7 +18,7 @@ import copy
 import torch
 
 from impactrl.algos.base import Algorithm, to_floats
-from impactrl.algos.common import agent_outputs, vtrace_targets
+from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
 from impactrl.config import TrainConfig
 from impactrl.data.circular_buffer import CircularBuffer
 from impactrl.data.rollout import Batch
@@ -98,6 +98,7 @@ class Impact(Algorithm):
         self.target_refreshes += 1
 
     def after_update(self, updates: int) -> dict[str, float]:
+        stats = super().after_update(updates)
         if self.target is not None and updates - self.updates_at_refresh >= self.config.target_update_period:
             if self.config.use_kl_loss:
                 # Once per target period, on the period's mean KL: adapting after every SGD step
@@ -109,6 +110,7 @@ class Impact(Algorithm):
             self.updates_at_refresh = updates
         buffer = self.buffer.stats()
         return {
+            **stats,
             "impact/target_refreshes": self.target_refreshes,
             "impact/kl_coeff": self.kl_coeff,
             "buffer/batches_held": buffer["held_batches"],
@@ -132,12 +134,14 @@ class Impact(Algorithm):
             target_log_prob = head.log_prob(target_policy, batch["action"])
 
         vtrace = vtrace_targets(c, batch, target_log_prob - behaviour_log_prob, values, bootstrap_value)
-        advantages = vtrace.pg_advantages
+        loss_values, targets, advantages = loss_terms(self.agent, batch, output, vtrace)
+        if c.popart:
+            self.value_targets = (vtrace.vs, batch["task"][:-1])
         if c.normalize_advantages:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         surrogate, surrogate_stats = impact_surrogate(
             log_prob, target_log_prob, behaviour_log_prob, advantages, c.clip_param, c.target_worker_clip)
-        baseline_loss = value_loss(values, vtrace.vs)
+        baseline_loss = value_loss(loss_values, targets)
         entropy = head.entropy(policy).mean()
         loss = surrogate + c.baseline_cost * baseline_loss - c.entropy_cost * entropy
         stats: dict = {f"impact/{key}": value for key, value in surrogate_stats.items()}

@@ -13,7 +13,7 @@ import math
 import torch
 
 from impactrl.algos.base import Algorithm, to_floats
-from impactrl.algos.common import agent_outputs, vtrace_targets
+from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
 from impactrl.data.rollout import Batch
 
 # π/μ outside [1/10, 10]: the policies disagree, whatever ρ̄ clips (at ρ̄ = 1 half the steps are clipped on-policy).
@@ -30,9 +30,12 @@ class Impala(Algorithm):
         log_prob = head.log_prob(policy, batch["action"])
         log_rhos = log_prob.detach() - batch["behaviour_log_prob"]
         vtrace = vtrace_targets(c, batch, log_rhos, values, bootstrap_value)
+        loss_values, targets, advantages = loss_terms(self.agent, batch, output, vtrace)
+        if c.popart:
+            self.value_targets = (vtrace.vs, batch["task"][:-1])
 
-        pg_loss = -(log_prob * vtrace.pg_advantages).sum()
-        baseline_loss = 0.5 * (vtrace.vs - values).pow(2).sum()
+        pg_loss = -(log_prob * advantages).sum()
+        baseline_loss = 0.5 * (targets - loss_values).pow(2).sum()
         entropy = head.entropy(policy)
         loss = pg_loss + c.baseline_cost * baseline_loss - c.entropy_cost * entropy.sum()
         rhos = log_rhos.exp()

@@ -41,7 +41,7 @@ class PPO(Algorithm):
         gae = generalized_advantage_estimation(rewards, values[:-1], values[-1], discounts, c.gae_lambda,
                                                trace_discounts=trace_discounts)
         steps = {
-            "obs": batch["obs"][:-1], "action": batch["action"],
+            "obs": batch["obs"][:-1], "task": batch["task"][:-1], "action": batch["action"],
             "behaviour_log_prob": batch["behaviour_log_prob"], "advantages": gae.advantages,
             "returns": gae.returns, "old_values": values[:-1],
         }
@@ -76,7 +76,8 @@ class PPO(Algorithm):
         obs = minibatch["obs"][None]
         size = obs.shape[1]
         inputs = AgentInput(obs, torch.zeros((1, size, *head.action_shape), dtype=head.action_dtype, device=obs.device),
-                            torch.zeros((1, size), device=obs.device), torch.ones((1, size), dtype=torch.bool, device=obs.device))
+                            torch.zeros((1, size), device=obs.device), torch.ones((1, size), dtype=torch.bool, device=obs.device),
+                            minibatch["task"][None])
         output, _ = self.agent(inputs, ())
         policy, values = output.policy[0], output.value[0]
         log_prob = head.log_prob(policy, minibatch["action"])

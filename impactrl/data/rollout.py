@@ -5,11 +5,13 @@ One *slot* holds one actor's unroll over its E environments, time-major::
     index t:        0      1      ...    T-1     T
     obs, first,     x_0    x_1    ...    x_T-1   x_T     (T+1 entries: x_T is the next unroll's x_0)
     prev_action,
-    prev_reward
+    prev_reward,
+    task
     action,         a_0    a_1    ...    a_T-1           (T entries: a_t is taken at x_t and
     behaviour_      r_0    r_1    ...    r_T-1            yields r_t, terminated_t, truncated_t)
     log_prob, ...
 
+``task[t]`` is the index of the task (``--env``'s order) the env plays; 0 in single-task runs.
 ``first[t]`` marks x_t as the first observation of an episode (the recurrent core resets before
 it). ``truncated[t]`` means the episode was cut by a time limit after a_t: x_{t+1} is then already
 the reset observation of the next episode, and ``truncation_value[t]`` holds the actor's value
@@ -32,7 +34,7 @@ import torch
 Batch = dict[str, torch.Tensor]
 
 # Keys with T+1 entries (the observation side); all other time-indexed keys have T entries.
-OBSERVATION_KEYS = ("obs", "first", "prev_action", "prev_reward")
+OBSERVATION_KEYS = ("obs", "first", "prev_action", "prev_reward", "task")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class RolloutSpec:
             "first": ((T + 1, E), torch.bool),
             "prev_action": ((T + 1, E, *self.action_shape), self.action_dtype),
             "prev_reward": ((T + 1, E), torch.float32),
+            "task": ((T + 1, E), torch.int64),
             "action": ((T, E, *self.action_shape), self.action_dtype),
             "behaviour_log_prob": ((T, E), torch.float32),
             "reward": ((T, E), torch.float32),

@@ -6,6 +6,11 @@ prev_action)]`` and the ``nn.LSTMCell`` is stepped over T in a Python loop, the 
 to zeros for batch entries whose ``first[t]`` is True BEFORE step t (ALGORITHMS.md §a.5, §f).
 So an unroll of T steps at once equals T one-step calls carrying the state (actors vs learner).
 
+A multi-task agent (``num_tasks > 1``) shares the torso and core and has a policy head and a
+value output per task (``TaskCategoricalHead``, ``ValueHead(num_outputs=num_tasks)``); each entry
+uses its own task's, chosen by ``AgentInput.task``. With PopArt the value head is a
+``PopArtValueHead``: ``AgentOutput.value`` is then unnormalised, ``normalized_value`` is n(x).
+
 Optionally a ``RunningNorm`` (``agent.obs_norm``) normalises observations before the torso, and
 a separate value torso (``agent.value_torso``, CleanRL's MuJoCo PPO architecture) feeds the
 value head instead of the shared features (feed-forward agents only).
@@ -23,7 +28,14 @@ import torch
 from torch import Tensor, nn
 
 from impactrl.errors import UserError
-from impactrl.models.heads import CategoricalHead, GaussianHead, PolicyHead, ValueHead
+from impactrl.models.heads import (
+    CategoricalHead,
+    GaussianHead,
+    PolicyHead,
+    PopArtValueHead,
+    TaskCategoricalHead,
+    ValueHead,
+)
 from impactrl.models.normalization import RunningNorm
 from impactrl.models.torsos import (
     ATARI_SCALE,
@@ -50,6 +62,7 @@ class AgentInput(NamedTuple):
     prev_action: Tensor  # [T, B, *action_shape]: action taken before obs[t] (zeros at episode start)
     prev_reward: Tensor  # [T, B]: reward received before obs[t] (raw; clipped to [-1, 1] here)
     first: Tensor  # [T, B] bool: obs[t] is the first observation of an episode
+    task: Tensor | None = None  # [T, B] int64: the task of each entry (multi-task agents); None = task 0
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -57,7 +70,8 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 class AgentOutput(NamedTuple):
     policy: Tensor  # [T, B, *params_shape] distribution parameters (logits for categorical)
-    value: Tensor  # [T, B] (or [T, B, num_values] with a multi-output value head)
+    value: Tensor  # [T, B]: V(x) of each entry's task (unnormalised with PopArt)
+    normalized_value: Tensor | None = None  # [T, B] PopArt's n(x), V = σ n + μ; None without PopArt
 
 
 class Agent(nn.Module):
@@ -75,6 +89,8 @@ class Agent(nn.Module):
             (a ``RunningNorm``); ``None`` for none.
         value_torso: a second torso feeding only the value head (no shared features); the
             policy head then reads ``torso`` alone. Not allowed with an LSTM.
+        num_tasks: tasks the policy head and value head serve (the heads' factories must make
+            heads with that many tasks/outputs); 1 = a single-task agent.
     """
 
     def __init__(
@@ -87,8 +103,10 @@ class Agent(nn.Module):
         value_head_factory: Callable[[int], nn.Module] | None = None,
         obs_norm: nn.Module | None = None,
         value_torso: nn.Module | None = None,
+        num_tasks: int = 1,
     ) -> None:
         super().__init__()
+        self.num_tasks = int(num_tasks)
         if use_lstm and int(lstm_size) < 1:
             raise UserError(f"lstm_size must be positive, got {lstm_size}")
         if use_lstm and value_torso is not None:
@@ -133,7 +151,8 @@ class Agent(nn.Module):
             new_state = core_state
         else:
             core_out, new_state = self._unroll(features, inputs, core_state, T, B)
-        policy = self.policy_head(core_out)
+        task = inputs.task
+        policy = self.policy_head(core_out, task) if self.num_tasks > 1 else self.policy_head(core_out)
         if self.value_torso is None:
             value = self.value_head(core_out)
         else:
@@ -142,6 +161,10 @@ class Agent(nn.Module):
             # Under autocast the heads' matmuls give bfloat16/float16; the losses' maths
             # (log-softmax, V-trace, GAE) stays in float32.
             policy, value = policy.float(), value.float()
+        if value.dim() == 3:  # one output per task: each entry's own
+            value = value.gather(-1, task.unsqueeze(-1)).squeeze(-1) if task is not None else value[..., 0]
+        if isinstance(self.value_head, PopArtValueHead):
+            return AgentOutput(policy, self.value_head.unnormalize(value, task), value), new_state
         return AgentOutput(policy=policy, value=value), new_state
 
     def _unroll(
@@ -244,9 +267,15 @@ def _check_action_space(action_space: gym.Space) -> int:
 
 
 def _policy_head_factory(
-    action_space: gym.Space, *, squash_actions: bool, log_std_init: float
+    action_space: gym.Space, *, squash_actions: bool, log_std_init: float,
+    task_num_actions: tuple[int, ...] | None = None,
 ) -> Callable[[int], PolicyHead]:
-    """Categorical head for Discrete spaces, Gaussian head for 1-D float Box spaces."""
+    """Categorical head for Discrete spaces, Gaussian head for 1-D float Box spaces; a
+    ``TaskCategoricalHead`` for several tasks (Discrete only)."""
+    if task_num_actions is not None and len(task_num_actions) > 1:
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise UserError(f"a multi-task agent needs Discrete actions, but the action space is {_describe(action_space)}")
+        return lambda n: TaskCategoricalHead(n, tuple(task_num_actions))
     if not isinstance(action_space, gym.spaces.Box):
         num_actions = _check_action_space(action_space)
         return lambda n: CategoricalHead(n, num_actions)
@@ -297,6 +326,8 @@ def build_agent(
     squash_actions: bool = False,
     log_std_init: float = 0.0,
     separate_value_network: bool = False,
+    task_num_actions: Sequence[int] | None = None,
+    popart_beta: float | None = None,
 ) -> Agent:
     """Build an agent for gymnasium spaces; raises ``UserError`` for unsupported combinations.
 
@@ -313,8 +344,17 @@ def build_agent(
     (1-D float observations only); the learner must call ``agent.obs_norm.update(obs)`` itself.
     ``separate_value_network`` gives the value head its own torso of the same kind
     (``agent.value_torso``), as in CleanRL's MuJoCo PPO; feed-forward agents only.
+
+    ``task_num_actions`` (one action count per task, for several tasks sharing the torso) makes
+    a multi-task agent over Discrete ``action_space`` (``Discrete(max(task_num_actions))``);
+    ``popart_beta`` gives it (or a single-task agent) a PopArt value head with that step size.
     """
-    head_factory = _policy_head_factory(action_space, squash_actions=squash_actions, log_std_init=log_std_init)
+    tasks = tuple(int(n) for n in task_num_actions) if task_num_actions is not None else (0,)
+    head_factory = _policy_head_factory(action_space, squash_actions=squash_actions, log_std_init=log_std_init,
+                                        task_num_actions=tasks if len(tasks) > 1 else None)
+    value_head_factory: Callable[[int], nn.Module] = (
+        (lambda n: PopArtValueHead(n, len(tasks), popart_beta)) if popart_beta is not None
+        else (lambda n: ValueHead(n, len(tasks))))
     if separate_value_network and use_lstm:
         raise UserError("separate_value_network needs a feed-forward agent: turn off use_lstm")
     obs_norm = _build_obs_norm(observation_space) if normalize_observations else None
@@ -329,4 +369,6 @@ def build_agent(
         lstm_size=lstm_size,
         obs_norm=obs_norm,
         value_torso=value_torso,
+        value_head_factory=value_head_factory,
+        num_tasks=len(tasks),
     )

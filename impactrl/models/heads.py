@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PolicyHead", "CategoricalHead", "GaussianHead", "ValueHead"]
+from impactrl.ops.popart import art_update, pop_preserve, popart_sigma
+
+__all__ = ["PolicyHead", "CategoricalHead", "TaskCategoricalHead", "GaussianHead", "ValueHead", "PopArtValueHead"]
 
 
 class PolicyHead(nn.Module, abc.ABC):
@@ -106,7 +108,8 @@ class CategoricalHead(PolicyHead):
         # log p_a + Gumbel noise). It reuses the log-softmax the log-prob needs and costs
         # half of softmax + torch.multinomial per actor step on a CPU.
         logp = F.log_softmax(params, dim=-1)
-        noise = torch.empty_like(logp).exponential_(generator=generator)
+        # A zero draw would make a masked action's 0 / 0 a NaN that argmax picks.
+        noise = torch.empty_like(logp).exponential_(generator=generator).clamp_(min=torch.finfo(logp.dtype).tiny)
         actions = (logp.exp() / noise).argmax(dim=-1)
         return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
@@ -131,6 +134,38 @@ class CategoricalHead(PolicyHead):
 
     def extra_repr(self) -> str:
         return f"num_actions={self.num_actions}"
+
+
+class TaskCategoricalHead(CategoricalHead):
+    """Logits per task over one shared feature vector, for a multi-task agent.
+
+    One linear layer computes every task's logits; each entry keeps its own task's (a gather, so a
+    task's loss sends exactly zero gradient into the other tasks' rows). Tasks have different
+    action counts: the logits of actions a task does not have are −inf, so those actions are
+    never sampled and have probability 0 (log-prob −inf) in every loss.
+    """
+
+    def __init__(self, input_size: int, task_num_actions: tuple[int, ...]) -> None:
+        super().__init__(input_size, max(task_num_actions))
+        self.task_num_actions = tuple(int(n) for n in task_num_actions)
+        num_tasks, num_actions = len(self.task_num_actions), self.num_actions
+        self.linear = nn.Linear(int(input_size), num_tasks * num_actions)
+        nn.init.orthogonal_(self.linear.weight, gain=0.01)
+        nn.init.zeros_(self.linear.bias)
+        invalid = torch.arange(num_actions)[None, :] >= torch.tensor(self.task_num_actions)[:, None]
+        self.register_buffer("invalid", invalid, persistent=False)  # [num_tasks, num_actions]
+
+    def forward(self, features: Tensor, task: Tensor | None = None) -> Tensor:
+        """``[..., F]`` and the task of each entry ``[...]`` (None: task 0) → logits ``[..., A]``."""
+        logits = self.linear(features).unflatten(-1, (len(self.task_num_actions), self.num_actions))
+        if task is None:
+            task = torch.zeros(logits.shape[:-2], dtype=torch.int64, device=logits.device)
+        index = task.unsqueeze(-1).unsqueeze(-1).expand(*task.shape, 1, self.num_actions)
+        logits = logits.gather(-2, index).squeeze(-2)
+        return logits.masked_fill(self.invalid[task], float("-inf"))
+
+    def extra_repr(self) -> str:
+        return f"task_num_actions={self.task_num_actions}"
 
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -277,3 +312,58 @@ class ValueHead(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
         v = self.linear(features)
         return v.squeeze(-1) if self.num_outputs == 1 else v
+
+
+class PopArtValueHead(nn.Module):
+    """Normalised values per task with PopArt statistics (``impactrl.ops.popart``).
+
+    ``forward`` returns the normalised values ``n(x)`` ``[..., num_tasks]``; ``unnormalize`` maps a
+    task's normalised value to ``V = σ n + μ``. The statistics ``mu`` and ``nu`` are buffers: they
+    travel with the weights to the actors and into checkpoints. Only ``update`` changes them
+    (ART), rewriting the linear layer at the same time so that every ``V`` is preserved (POP).
+    """
+
+    def __init__(self, input_size: int, num_tasks: int, beta: float, sigma_min: float = 1e-4,
+                 sigma_max: float = 1e6) -> None:
+        super().__init__()
+        self.num_outputs = int(num_tasks)
+        self.beta, self.sigma_min, self.sigma_max = float(beta), float(sigma_min), float(sigma_max)
+        self.linear = nn.Linear(int(input_size), self.num_outputs)
+        nn.init.orthogonal_(self.linear.weight, gain=1.0)
+        nn.init.zeros_(self.linear.bias)
+        self.register_buffer("mu", torch.zeros(self.num_outputs))
+        self.register_buffer("nu", torch.ones(self.num_outputs))
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.linear(features)
+
+    def sigma(self) -> Tensor:
+        return popart_sigma(self.mu, self.nu, self.sigma_min, self.sigma_max)
+
+    def unnormalize(self, normalized: Tensor, task: Tensor | None) -> Tensor:
+        """``V = σ_task · n + μ_task`` for ``normalized`` ``[...]`` and ``task`` ``[...]`` (None: task 0)."""
+        mu, sigma = self.statistics(task, normalized.shape)
+        return sigma * normalized.float() + mu
+
+    def statistics(self, task: Tensor | None, shape: torch.Size) -> tuple[Tensor, Tensor]:
+        """``(μ, σ)`` of each entry's task, broadcast to ``shape``."""
+        if task is None:
+            return self.mu[0].expand(shape), self.sigma()[0].expand(shape)
+        return self.mu[task], self.sigma()[task]
+
+    @torch.no_grad()
+    def update(self, targets: Tensor, task: Tensor | None) -> None:
+        """ART on the value targets ``targets`` of tasks ``task`` (same shape; None: task 0), then POP."""
+        if task is None:
+            task = torch.zeros(targets.shape, dtype=torch.int64, device=targets.device)
+        sigma = self.sigma()
+        mu, nu = art_update(self.mu, self.nu, targets.float(), task, self.beta)
+        new_sigma = popart_sigma(mu, nu, self.sigma_min, self.sigma_max)
+        weight, bias = pop_preserve(self.linear.weight, self.linear.bias, self.mu, sigma, mu, new_sigma)
+        self.linear.weight.copy_(weight)
+        self.linear.bias.copy_(bias)
+        self.mu.copy_(mu)
+        self.nu.copy_(nu)
+
+    def extra_repr(self) -> str:
+        return f"num_tasks={self.num_outputs}, beta={self.beta}"

@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from impactrl.build import make_agent, make_training_envs
+from impactrl.build import env_tasks, make_agent, make_training_envs, run_tasks
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import ACTOR_STAGES, UnrollRecord
 from impactrl.envs import EnvVector
@@ -86,8 +86,10 @@ class Actor:
         self.rebuilds = 0
         self.env_errors = 0  # since the last committed unroll
         self.envs: EnvVector | None = None
+        self.tasks = run_tasks(config)
+        self.env_tasks = env_tasks(config, self.tasks)[actor_id]  # [E]: the task each env plays
         self._start_envs(reward_stats)
-        self.agent = make_agent(config, self.envs.observation_space, self.envs.action_space)
+        self.agent = make_agent(config, self.tasks)
         self.agent.eval()
         self._start_episodes()
         self.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
@@ -95,12 +97,11 @@ class Actor:
 
     def _start_envs(self, reward_stats: np.ndarray | None) -> None:
         """Build and reset the envs, retrying with fresh seeds; EnvBroken when every attempt fails."""
-        E = self.config.envs_per_actor
         for _ in range(ENV_RESET_ATTEMPTS):
             seed = env_seed(self.config, self.actor_id, 0, self.generation, self.rebuilds)
             self.rebuilds += 1
             try:
-                self.envs = make_training_envs(self.config, E, seed=seed)
+                self.envs = make_training_envs(self.config, self.tasks, self.actor_id, seed=seed)
                 if reward_stats is not None and not np.isnan(reward_stats).any():
                     self.envs.set_reward_stats(reward_stats)
                 self.obs = self.envs.reset()
@@ -154,6 +155,7 @@ class Actor:
             prev_action=torch.from_numpy(prev_action)[None],
             prev_reward=torch.from_numpy(prev_reward)[None],
             first=torch.from_numpy(first)[None],
+            task=torch.from_numpy(self.env_tasks)[None],
         )
         output, core_state = self.agent(inputs, core_state)
         return output.policy[0], output.value[0], core_state
@@ -165,6 +167,7 @@ class Actor:
         for i, state in enumerate(self.core_state):
             arrays[f"core_state_{i}"][...] = state.numpy()
         arrays["truncation_value"].fill(0.0)
+        arrays["task"][...] = self.env_tasks
         for t in range(self.config.unroll_length):
             arrays["obs"][t] = self.obs
             arrays["first"][t] = self.first

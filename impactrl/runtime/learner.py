@@ -40,6 +40,7 @@ from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, DeviceTransfer, keep_unrolls
 from impactrl.diagnostics import LiveDiagnostics
+from impactrl.envs.tasks import task_ids, task_labels
 from impactrl.errors import ActorFailed, TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import Agent
@@ -66,6 +67,7 @@ class LearnerCounters:
     env_errors: int = 0
     updates_skipped: int = 0
     unrolls_dropped: int = 0
+    env_steps_by_task: dict[str, int] = field(default_factory=dict)  # several tasks: env steps consumed per task
 
 
 def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
@@ -210,11 +212,13 @@ class Learner:
         restore_rng_states(state["rng"])
 
 
-def reward_threshold(env_id: str) -> float | None:
-    """The return at which Gymnasium considers the env solved, if it says."""
+def reward_threshold(env: str) -> float | None:
+    """The return at which Gymnasium considers the env solved, if it says; None for several tasks."""
     from impactrl.envs.factory import env_spec
+    from impactrl.envs.tasks import task_ids
 
-    return env_spec(env_id).reward_threshold
+    ids = task_ids(env)
+    return env_spec(ids[0]).reward_threshold if len(ids) == 1 else None
 
 
 def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
@@ -222,7 +226,9 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
     """Train until ``total_env_steps`` are consumed; see the module docstring."""
     config, counters = learner.config, learner.counters
     start = time.monotonic() - counters.wall_time_s
-    interval = IntervalStats(config.envs_per_actor * config.unroll_length)
+    ids = task_ids(config.env)
+    labels = task_labels(ids) if len(ids) > 1 else None
+    interval = IntervalStats(config.envs_per_actor * config.unroll_length, labels)
     diagnostics = LiveDiagnostics(config, reward_threshold(config.env))
     last_log = last_checkpoint = time.monotonic()
     # Steps/s count from the first batch: the actors' start-up would make the first rate look tiny.
@@ -255,6 +261,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         }
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
+        for label, steps in counters.env_steps_by_task.items():
+            record["task"][label]["env_steps"] = steps
         findings = diagnostics.check(record)
         if findings:
             record["diagnostics"] = [finding.record() for finding in findings]
@@ -299,9 +307,15 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                     batch, lags = keep_unrolls(batch, keep), lags[keep]
                     actor_ids, created_at = actor_ids[keep], created_at[keep]
                 ended = ~torch.isnan(batch["episode_return"])
-                interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy())
+                tasks = batch["task"][0]  # [B]: an unroll plays one task
+                interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy(),
+                                      batch["task"][:-1][ended].numpy())
                 interval.add_unrolls(actor_ids.numpy(), lags.numpy(), (time.time() - created_at).numpy(),
-                                     meta["stage_seconds"].numpy())
+                                     meta["stage_seconds"].numpy(), tasks.numpy())
+                if labels is not None:
+                    for task, count in enumerate(torch.bincount(tasks, minlength=len(labels)).tolist()):
+                        steps = counters.env_steps_by_task.get(labels[task], 0) + count * config.unroll_length
+                        counters.env_steps_by_task[labels[task]] = steps
                 interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
                 learner.add(batch)
                 if rate_since is None:
