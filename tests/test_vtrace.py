@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from impactrl.ops.returns import bootstrap_truncations, discounted_returns
+from impactrl.ops.returns import bootstrap_truncations, discounted_returns, explained_variance
 from impactrl.ops.vtrace import (
     VTraceFromLogitsReturns,
     VTraceReturns,
@@ -548,3 +548,12 @@ def test_cuda_matches_cpu(dtype):
     cin = to_torch(inputs, dtype)
     c = discounted_returns(cin["rewards"], cin["discounts"], cin["bootstrap_value"])
     torch.testing.assert_close(g.cpu(), c, **tol)
+
+
+def test_explained_variance_against_float64_reference():
+    rng = np.random.default_rng(0)
+    targets, values = rng.normal(size=(7, 5)), rng.normal(size=(7, 5))
+    expected = 1 - np.var(targets - values) / np.var(targets)
+    got = explained_variance(torch.tensor(values), torch.tensor(targets))
+    np.testing.assert_allclose(float(got), expected, rtol=1e-5)
+    assert float(explained_variance(torch.tensor(targets), torch.tensor(targets))) == 1.0

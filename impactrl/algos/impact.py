@@ -22,6 +22,7 @@ from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
 from impactrl.config import TrainConfig
 from impactrl.data.circular_buffer import CircularBuffer
 from impactrl.data.rollout import Batch
+from impactrl.ops.returns import explained_variance
 from impactrl.models import Agent
 from impactrl.ops.policy_losses import adaptive_kl_coefficient, impact_surrogate, value_loss
 
@@ -159,6 +160,7 @@ class Impact(Algorithm):
             "loss/entropy": entropy,
             "value/mean": values.mean(),
             "value/target_mean": vtrace.vs.mean(),
+            "value/explained_variance": explained_variance(values, vtrace.vs),
         })
         floats = to_floats(stats)  # the KL with the rest: no sync of its own on an accelerator
         if target_policy is not None:

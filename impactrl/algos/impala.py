@@ -15,6 +15,7 @@ import torch
 from impactrl.algos.base import Algorithm, to_floats
 from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
 from impactrl.data.rollout import Batch
+from impactrl.ops.returns import explained_variance
 
 # π/μ outside [1/10, 10]: the policies disagree, whatever ρ̄ clips (at ρ̄ = 1 half the steps are clipped on-policy).
 EXTREME_LOG_RHO = math.log(10.0)
@@ -49,5 +50,6 @@ class Impala(Algorithm):
             "vtrace/rho_extreme_fraction": (log_rhos.abs() > EXTREME_LOG_RHO).float().mean(),
             "value/mean": values.mean(),
             "value/target_mean": vtrace.vs.mean(),
+            "value/explained_variance": explained_variance(values, vtrace.vs),
         }
         return loss, to_floats(stats)

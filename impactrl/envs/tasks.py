@@ -54,8 +54,11 @@ def check_tasks(env: str) -> tuple[str, ...]:
     """Check ``--env`` (every id registered, none twice, one env family); return its ids."""
     ids = task_ids(env)
     close = difflib.get_close_matches(env.strip().lower(), list(SUITES), n=1, cutoff=0.75)
-    if close and len(ids) == 1 and "/" not in env:
-        raise UserError(f"unknown environment id or task suite {env!r}; did you mean the suite {close[0]!r}?")
+    if close and len(ids) == 1:
+        try:
+            check_env_id(env)
+        except UserError:
+            raise UserError(f"unknown environment id or task suite {env!r}; did you mean the suite {close[0]!r}?") from None
     if len(ids) > 1 and any(not env_id for env_id in ids):
         raise UserError(f"--env {env!r}: an empty id in the list (ids are separated by single commas)")
     for env_id in ids:

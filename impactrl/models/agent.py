@@ -349,12 +349,12 @@ def build_agent(
     a multi-task agent over Discrete ``action_space`` (``Discrete(max(task_num_actions))``);
     ``popart_beta`` gives it (or a single-task agent) a PopArt value head with that step size.
     """
-    tasks = tuple(int(n) for n in task_num_actions) if task_num_actions is not None else (0,)
+    num_tasks = len(task_num_actions) if task_num_actions is not None else 1
     head_factory = _policy_head_factory(action_space, squash_actions=squash_actions, log_std_init=log_std_init,
-                                        task_num_actions=tasks if len(tasks) > 1 else None)
+                                        task_num_actions=tuple(task_num_actions) if num_tasks > 1 else None)
     value_head_factory: Callable[[int], nn.Module] = (
-        (lambda n: PopArtValueHead(n, len(tasks), popart_beta)) if popart_beta is not None
-        else (lambda n: ValueHead(n, len(tasks))))
+        (lambda n: PopArtValueHead(n, num_tasks, popart_beta)) if popart_beta is not None
+        else (lambda n: ValueHead(n, num_tasks)))
     if separate_value_network and use_lstm:
         raise UserError("separate_value_network needs a feed-forward agent: turn off use_lstm")
     obs_norm = _build_obs_norm(observation_space) if normalize_observations else None
@@ -370,5 +370,5 @@ def build_agent(
         obs_norm=obs_norm,
         value_torso=value_torso,
         value_head_factory=value_head_factory,
-        num_tasks=len(tasks),
+        num_tasks=num_tasks,
     )

@@ -26,7 +26,7 @@ from impactrl.ops.checks import (
     shape_tuple,
 )
 
-__all__ = ["bootstrap_truncations", "discounted_returns"]
+__all__ = ["bootstrap_truncations", "discounted_returns", "explained_variance"]
 
 
 def bootstrap_truncations(
@@ -149,3 +149,11 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tens
             torch.addcmul(rewards[t], discounts[t], nxt, out=returns[t])
             nxt = returns[t]
     return returns
+
+
+def explained_variance(values: Tensor, targets: Tensor) -> Tensor:
+    r"""How much of the targets' variance the values explain: 1 − Var[v − V] / Var[v] (population
+    variances over all entries). 1 is perfect, 0 no better than a constant, negative worse;
+    NaN when the targets are constant."""
+    values, targets = values.detach().float(), targets.detach().float()
+    return 1.0 - (targets - values).var(unbiased=False) / targets.var(unbiased=False)

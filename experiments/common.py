@@ -1,0 +1,63 @@
+"""What every experiment script shares: train a run unless it is done, read its curves, write tables.
+
+Each script names its runs as directories under ``--out``; running it again skips the finished
+runs, continues stopped ones with ``impactrl train --resume`` and redraws the figures and tables,
+so a long study can be stopped and restarted at any point.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from impactrl.plotting import curve, read_records
+
+LAST_FRACTION = 0.1  # a run's final return: the mean of its logged returns over the last 10% of its steps
+
+
+def impactrl(*args: str) -> None:
+    print("+ impactrl", " ".join(args), flush=True)
+    subprocess.run([sys.executable, "-m", "impactrl", *args], check=True)
+
+
+def train(run_dir: Path, budget: int, args: list[str]) -> None:
+    """``impactrl train ARGS`` for ``budget`` env steps into ``run_dir``, unless it holds a finished
+    run; a stopped one is continued with --resume."""
+    if (run_dir / "config.yaml").exists():
+        records = read_records(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        if records and records[-1]["env_steps"] >= budget:
+            print(f"{run_dir}: finished, skipped", flush=True)
+            return
+        impactrl("train", "--resume", str(run_dir), "--quiet")
+        return
+    impactrl("train", *args, "--total-env-steps", str(budget), "--out", str(run_dir), "--quiet")
+
+
+def final_return(records: list[dict], steps: int, task: str | None = None, y_key: str = "episode_return_mean"
+                 ) -> float | None:
+    """Mean of the logged ``y_key`` over the last ``LAST_FRACTION`` of ``steps`` (a task's own steps when given)."""
+    xs, ys = curve(records, "env_steps", y_key, task)
+    window = [y for x, y in zip(xs, ys) if x >= (1 - LAST_FRACTION) * steps]
+    return float(np.mean(window)) if window else None
+
+
+def time_to_return(records: list[dict], target: float, window: int = 3) -> float | None:
+    """Wall-clock seconds until the mean of ``window`` consecutive logged returns first reaches ``target``."""
+    xs, ys = curve(records, "wall_time_s", "episode_return_mean")
+    for end in range(window, len(ys) + 1):
+        if np.mean(ys[end - window:end]) >= target:
+            return float(xs[end - 1])
+    return None
+
+
+def mean_std(values: list[float | None], digits: int = 2) -> str:
+    """``mean ± std (n)`` of the values that exist, ``-`` if none."""
+    present = [value for value in values if value is not None]
+    if not present:
+        return "-"
+    text = f"{np.mean(present):.{digits}f} ± {np.std(present):.{digits}f}"
+    return text if len(present) == len(values) else f"{text} ({len(present)} of {len(values)})"
+
