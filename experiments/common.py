@@ -61,3 +61,35 @@ def mean_std(values: list[float | None], digits: int = 2) -> str:
     text = f"{np.mean(present):.{digits}f} ± {np.std(present):.{digits}f}"
     return text if len(present) == len(values) else f"{text} ({len(present)} of {len(values)})"
 
+
+
+def compare(out: Path, env: str, variants: dict[str, list[str]], seeds: list[int], steps: int,
+            title: str) -> list[str]:
+    """Train every variant (its flags besides ``--env``, seed and budget) with every seed on ``env``;
+    draw ``LABEL-steps.png`` and ``LABEL-time.png``; return the table rows: per variant the final
+    return and wall time (mean ± std over seeds) and the wall time to a common return, 90% of
+    the lowest of the variants' mean final returns."""
+    from impactrl.envs.tasks import task_labels
+
+    label = task_labels([env])[0]
+    runs = {(name, seed): out / f"{label}-{name}-s{seed}" for name in variants for seed in seeds}
+    for (name, seed), run_dir in runs.items():
+        train(run_dir, steps, [*variants[name], "--env", env, "--seed", str(seed), "--log-interval-s", "2"])
+    for x, suffix in (("env_steps", "steps"), ("wall_time_s", "time")):
+        impactrl("plot", *map(str, runs.values()), "--x", x, "--out", str(out / f"{label}-{suffix}.png"), "--title", title)
+    records = {key: read_records(run_dir) for key, run_dir in runs.items()}
+    finals = {key: final_return(value, steps) for key, value in records.items()}
+    means = [np.mean([finals[name, seed] for seed in seeds if finals[name, seed] is not None] or [np.nan])
+             for name in variants]
+    target = 0.9 * float(np.nanmin(means))
+    rows = []
+    for name in variants:
+        times = [time_to_return(records[name, seed], target) for seed in seeds]
+        walls = [records[name, seed][-1]["wall_time_s"] for seed in seeds]
+        rows.append(f"| {label} | {name} | {mean_std([finals[name, seed] for seed in seeds])} | {mean_std(walls, 0)} | "
+                    f"{mean_std(times, 0)} | {target:.2f} |")
+    return rows
+
+
+TABLE_HEADER = ["| env | variant | final return | wall time (s) | time to common return (s) | common return |",
+                "|---|---|---|---|---|---|"]

@@ -16,11 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-from common import final_return, impactrl, mean_std, time_to_return, train
-
-from impactrl.envs.tasks import task_labels
-from impactrl.plotting import read_records
+from common import TABLE_HEADER, compare
 
 DEFAULT_GAMES = "MinAtar/Breakout-v1,MinAtar/SpaceInvaders-v1,MinAtar/Asterix-v1"
 
@@ -34,31 +30,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--num-actors", type=int, default=2)
     args = parser.parse_args()
-    games, algos = args.games.split(","), args.algos.split(",")
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = {(game, algo, seed): args.out / f"{label}-{algo}-s{seed}"
-            for game, label in zip(games, task_labels(games)) for algo in algos for seed in seeds}
-    for (game, algo, seed), run_dir in runs.items():
-        train(run_dir, args.steps, ["--algo", algo, "--env", game, "--seed", str(seed),
-                                    "--num-actors", str(args.num_actors)])
-    lines = ["| game | algo | final return | wall time (s) | time to common return (s) | common return |",
-             "|---|---|---|---|---|---|"]
-    for game, label in zip(games, task_labels(games)):
-        game_runs = [runs[game, algo, seed] for algo in algos for seed in seeds]
-        for x, suffix in (("env_steps", "steps"), ("wall_time_s", "time")):
-            impactrl("plot", *map(str, game_runs), "--x", x, "--out", str(args.out / f"{label}-{suffix}.png"),
-                     "--title", f"{label}: {', '.join(algos)}, seeds {args.seeds}")
-        records = {(algo, seed): read_records(runs[game, algo, seed]) for algo in algos for seed in seeds}
-        finals = {key: final_return(value, args.steps) for key, value in records.items()}
-        means = [np.mean([finals[algo, seed] for seed in seeds if finals[algo, seed] is not None] or [np.nan])
-                 for algo in algos]
-        target = 0.9 * float(np.nanmin(means))
-        for algo in algos:
-            times = [time_to_return(records[algo, seed], target) for seed in seeds]
-            walls = [records[algo, seed][-1]["wall_time_s"] for seed in seeds]
-            lines.append(f"| {label} | {algo} | {mean_std([finals[algo, seed] for seed in seeds])} | "
-                         f"{mean_std(walls, 0)} | {mean_std(times, 0)} | {target:.2f} |")
+    variants = {algo: ["--algo", algo, "--num-actors", str(args.num_actors)] for algo in args.algos.split(",")}
+    lines = list(TABLE_HEADER)
+    for game in args.games.split(","):
+        lines += compare(args.out, game, variants, seeds, args.steps, f"{game}: {args.algos}, seeds {args.seeds}")
     text = "\n".join(lines) + "\n"
     (args.out / "table.md").write_text(text)
     print(text)

@@ -270,8 +270,12 @@ def evaluate(argv: Sequence[str]) -> int:
         raise UserError(f"--episodes must be >= 1, got {args.episodes}")
     if args.num_envs < 1:
         raise UserError(f"--num-envs must be >= 1, got {args.num_envs}")
+    import torch
+
     from impactrl.evaluation import evaluate_checkpoint
 
+    # A few envs per forward pass: more threads only add synchronisation (much slower on a busy machine).
+    torch.set_num_threads(1)
     result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs,
                                  video_dir=args.video, references=args.reference)
     print(json.dumps(result))

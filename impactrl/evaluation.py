@@ -64,8 +64,6 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     where R_reference is the return of the single-task run in ``references`` on that task
     (evaluated the same way); null without references.
     """
-    # A few envs per forward pass: more threads only add synchronisation (much slower on a busy machine).
-    torch.set_num_threads(1)
     state = load_checkpoint(path)
     config = with_values(TrainConfig(), coerce(yaml.safe_load(state["config"]), "checkpoint config"))
     config = with_values(config, {"env_backend": "gymnasium"})  # evaluation plays whole games on Gymnasium
@@ -81,7 +79,10 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     shape = tuple(tasks.observation_space.shape)
     common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy}
     if not tasks.multi_task:
-        envs = [make_env(config.env, options, seed=seed + i, training=False) for i in range(num_envs)]
+        if references:
+            raise UserError(f"--reference compares a multi-task agent with single-task runs, but {path} is a run on "
+                            f"one task ({config.env})")
+        envs = [make_env(tasks.ids[0], options, seed=seed + i, training=False) for i in range(num_envs)]
         returns, videos = play(agent, envs, 0, shape, episodes, seed, greedy, video_dir)
         return {**summarize_returns(returns), **common, **({"videos": videos} if video_dir is not None else {})}
     reference_returns = {}

@@ -17,6 +17,7 @@ from impactrl.errors import UserError
 from impactrl.models import AgentInput
 from impactrl.models.heads import PopArtValueHead, TaskCategoricalHead
 from impactrl.ops.popart import art_update, pop_preserve, popart_sigma
+from impactrl.plotting import plot_runs
 from impactrl.training import build_learner
 from conftest import collect, run_cli
 
@@ -176,9 +177,7 @@ def test_train_eval_and_plot_a_suite_with_popart(run_dir):
     assert sorted(last["task"]) == sorted(task_labels(SUITES["minatar"]))
     assert sum(task["env_steps"] for task in last["task"].values()) == last["env_steps"]
     assert "popart/sigma_mean" in last
-    result = run_cli("eval", str(run_dir), "--episodes", "1", check=True)
-    evaluation = json.loads(result.stdout)
+    evaluation = json.loads(run_cli("eval", str(run_dir), "--episodes", "1", check=True).stdout)
     assert set(evaluation["tasks"]) == set(last["task"]) and evaluation["score"] is None
     assert all("random_return_mean" in task for task in evaluation["tasks"].values())
-    plot = run_cli("plot", str(run_dir), "--out", str(run_dir / "curves.png"), check=True)
-    assert (run_dir / "curves.png").stat().st_size > 0, plot.stderr
+    assert plot_runs([run_dir], run_dir / "curves.png").stat().st_size > 0
