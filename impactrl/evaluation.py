@@ -137,6 +137,7 @@ def play(agent, envs: list, task: int, shape: tuple[int, ...], episodes: int, se
     """Play ``episodes`` whole episodes of task ``task`` on ``envs`` (closed at the end), their
     observations padded to ``shape``; returns and the videos written (the first env's episodes,
     with ``video_dir``)."""
+    torch.manual_seed(seed)  # the sampled actions: the same episodes whatever was evaluated before
     num_envs = len(envs)
     head = agent.policy_head
     obs = np.stack([pad_observation(env.reset(seed=seed + i)[0], shape) for i, env in enumerate(envs)])
