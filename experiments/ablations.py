@@ -2,7 +2,7 @@
 and the paper's buffer (N=1, K=2 discrete; N=16, K=20 continuous) is the best setting.
 
     python experiments/ablations.py --out runs/ablations [--env MinAtar/Breakout-v1] [--seeds 1,2,3]
-        [--steps 1000000] [--buffers 1x1,1x2,1x4,2x2,4x2]
+        [--steps 1000000] [--buffers 1x1,1x4,2x2,4x2]
 
 Variants of IMPACT (with its presets for the env's family): the full algorithm; no target network
 (ratios against the behaviour policy); no truncation of the IS weight; and every N×K in
@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--env", default="MinAtar/Breakout-v1")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--steps", type=int, default=1_000_000)
-    parser.add_argument("--buffers", default="1x1,1x2,1x4,2x2,4x2", help="N x K points, comma-separated")
+    parser.add_argument("--buffers", default="1x1,1x4,2x2,4x2", help="N x K points besides the preset's, comma-separated")
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
