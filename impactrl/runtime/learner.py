@@ -215,7 +215,6 @@ class Learner:
 def reward_threshold(env: str) -> float | None:
     """The return at which Gymnasium considers the env solved, if it says; None for several tasks."""
     from impactrl.envs.factory import env_spec
-    from impactrl.envs.tasks import task_ids
 
     ids = task_ids(env)
     return env_spec(ids[0]).reward_threshold if len(ids) == 1 else None
