@@ -1,7 +1,7 @@
 """Claim (1): IMPACT needs less wall time than IMPALA on discrete tasks for equal or better reward.
 
     python experiments/discrete.py --out runs/discrete [--games MinAtar/Breakout-v1,...]
-        [--algos impala,impact] [--seeds 1,2,3] [--steps 1000000]
+        [--algos impala,impact] [--seeds 1,2,3] [--steps 1000000] [--extra "--env-backend envpool"]
 
 One run per algorithm, game and seed (each algorithm with its presets for the game's family,
 2 actors), skipped when finished and continued when stopped (experiments/common.py). Writes,
@@ -14,6 +14,7 @@ of the algorithms' mean final returns.
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from common import TABLE_HEADER, compare
@@ -29,10 +30,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--num-actors", type=int, default=2)
+    parser.add_argument("--extra", default="", help="more impactrl train flags for every run, e.g. '--env-backend envpool'")
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    variants = {algo: ["--algo", algo, "--num-actors", str(args.num_actors)] for algo in args.algos.split(",")}
+    variants = {algo: ["--algo", algo, "--num-actors", str(args.num_actors), *shlex.split(args.extra)]
+                for algo in args.algos.split(",")}
     lines = list(TABLE_HEADER)
     for game in args.games.split(","):
         lines += compare(args.out, game, variants, seeds, args.steps, f"{game}: {args.algos}, seeds {args.seeds}")
