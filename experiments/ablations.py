@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import TABLE_HEADER, compare
+from common import TABLE_HEADER, compare, write_table
 
 
 def main() -> None:
@@ -39,9 +39,7 @@ def main() -> None:
         variants[f"N{n}-K{k}"] = [*impact, "--buffer-batches", n, "--buffer-uses", k]
     lines = TABLE_HEADER + compare(args.out, args.env, variants, seeds, args.steps,
                                    f"IMPACT ablations on {args.env}, seeds {args.seeds}")
-    text = "\n".join(lines) + "\n"
-    (args.out / "table.md").write_text(text)
-    print(text)
+    write_table(args.out, lines)
 
 
 if __name__ == "__main__":

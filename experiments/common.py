@@ -93,3 +93,20 @@ def compare(out: Path, env: str, variants: dict[str, list[str]], seeds: list[int
 
 TABLE_HEADER = ["| env | variant | final return | wall time (s) | time to common return (s) | common return |",
                 "|---|---|---|---|---|---|"]
+
+
+def write_table(out: Path, lines: list[str]) -> None:
+    """``OUT/table.md`` from the table's lines, also printed."""
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    print(text)
+
+
+def compare_algorithms(out: Path, envs: list[str], algos: list[str], seeds: list[int], steps: int,
+                       flags: list[str]) -> None:
+    """``compare`` the algorithms (each with ``flags``) on every env, into one table."""
+    variants = {algo: ["--algo", algo, *flags] for algo in algos}
+    lines = list(TABLE_HEADER)
+    for env in envs:
+        lines += compare(out, env, variants, seeds, steps, f"{env}: {','.join(algos)}, seeds {','.join(map(str, seeds))}")
+    write_table(out, lines)

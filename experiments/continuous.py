@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import TABLE_HEADER, compare
+from common import compare_algorithms
 
 
 def main() -> None:
@@ -26,13 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    variants = {algo: ["--algo", algo, "--num-actors", "2"] for algo in args.algos.split(",")}
-    lines = list(TABLE_HEADER)
-    for env in args.envs.split(","):
-        lines += compare(args.out, env, variants, seeds, args.steps, f"{env}: {args.algos}, seeds {args.seeds}")
-    text = "\n".join(lines) + "\n"
-    (args.out / "table.md").write_text(text)
-    print(text)
+    compare_algorithms(args.out, args.envs.split(","), args.algos.split(","), seeds, args.steps, ["--num-actors", "2"])
 
 
 if __name__ == "__main__":

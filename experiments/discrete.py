@@ -17,7 +17,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from common import TABLE_HEADER, compare
+from common import compare_algorithms
 
 DEFAULT_GAMES = "MinAtar/Breakout-v1,MinAtar/SpaceInvaders-v1,MinAtar/Asterix-v1"
 
@@ -34,14 +34,8 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    variants = {algo: ["--algo", algo, "--num-actors", str(args.num_actors), *shlex.split(args.extra)]
-                for algo in args.algos.split(",")}
-    lines = list(TABLE_HEADER)
-    for game in args.games.split(","):
-        lines += compare(args.out, game, variants, seeds, args.steps, f"{game}: {args.algos}, seeds {args.seeds}")
-    text = "\n".join(lines) + "\n"
-    (args.out / "table.md").write_text(text)
-    print(text)
+    compare_algorithms(args.out, args.games.split(","), args.algos.split(","), seeds, args.steps,
+                       ["--num-actors", str(args.num_actors), *shlex.split(args.extra)])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from common import train
+from common import train, write_table
 
 from impactrl.plotting import curve, read_records
 
@@ -58,9 +58,7 @@ def main() -> None:
     if low and high:
         ratio = np.mean([v["loss/baseline"] for v in high]) / np.mean([v["loss/baseline"] for v in low])
         lines.append(f"\nvalue loss, lag > 5 against lag <= 5: {ratio:.2f}x ({len(high)} and {len(low)} runs)")
-    text = "\n".join(lines) + "\n"
-    (args.out / "table.md").write_text(text)
-    print(text)
+    write_table(args.out, lines)
 
     import matplotlib
 

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from common import TABLE_HEADER, compare
+from common import TABLE_HEADER, compare, write_table
 
 from impactrl.envs.tasks import task_labels
 from impactrl.plotting import read_records
@@ -40,9 +40,7 @@ def main() -> None:
     for name in variants:
         ends = [read_records(args.out / f"{label}-{name}-s{seed}")[-1] for seed in seeds]
         lines.append(f"| {name} | {np.mean([end['env_steps'] / end['wall_time_s'] for end in ends]):,.0f} |")
-    text = "\n".join(lines) + "\n"
-    (args.out / "table.md").write_text(text)
-    print(text)
+    write_table(args.out, lines)
 
 
 if __name__ == "__main__":
