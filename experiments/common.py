@@ -7,6 +7,7 @@ so a long study can be stopped and restarted at any point.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +26,32 @@ def impactrl(*args: str) -> None:
 
 def train(run_dir: Path, budget: int, args: list[str]) -> None:
     """``impactrl train ARGS`` for ``budget`` env steps into ``run_dir``, unless it holds a finished
-    run; a stopped one is continued with --resume."""
+    run; a stopped one is continued with --resume and the same flags (a new Ray address, a larger
+    budget)."""
     if (run_dir / "config.yaml").exists():
         records = read_records(run_dir) if (run_dir / "metrics.jsonl").exists() else []
         if records and records[-1]["env_steps"] >= budget:
             print(f"{run_dir}: finished, skipped", flush=True)
             return
-        impactrl("train", "--resume", str(run_dir), "--quiet")
+        impactrl("train", "--resume", str(run_dir), *args, "--total-env-steps", str(budget), "--quiet")
         return
     impactrl("train", *args, "--total-env-steps", str(budget), "--out", str(run_dir), "--quiet")
+
+
+def evaluate(run_dir: Path, episodes: int) -> dict:
+    """``impactrl eval RUN_DIR --episodes N``'s result, kept in ``RUN_DIR/evaluation.json`` until the
+    run's latest checkpoint changes."""
+    saved = run_dir / "evaluation.json"
+    checkpoint = (run_dir / "checkpoints" / "latest.pt").resolve()
+    if saved.exists() and saved.stat().st_mtime > checkpoint.stat().st_mtime:
+        result = json.loads(saved.read_text())
+        if result["episodes"] == episodes:
+            return result
+    print(f"+ impactrl eval {run_dir} --episodes {episodes}", flush=True)
+    output = subprocess.run([sys.executable, "-m", "impactrl", "eval", str(run_dir), "--episodes", str(episodes)],
+                            check=True, capture_output=True, text=True).stdout
+    saved.write_text(output.strip().splitlines()[-1])
+    return json.loads(saved.read_text())
 
 
 def final_return(records: list[dict], steps: int, task: str | None = None, y_key: str = "episode_return_mean"
@@ -67,8 +85,8 @@ def compare(out: Path, env: str, variants: dict[str, list[str]], seeds: list[int
             title: str) -> list[str]:
     """Train every variant (its flags besides ``--env``, seed and budget) with every seed on ``env``;
     draw ``LABEL-steps.png`` and ``LABEL-time.png``; return the table rows: per variant the final
-    return and wall time (mean ± std over seeds) and the wall time to a common return, 90% of
-    the lowest of the variants' mean final returns."""
+    return, wall time and policy lag (mean over the run's logs), each mean ± std over seeds, and
+    the wall time to a common return, 90% of the lowest of the variants' mean final returns."""
     from impactrl.envs.tasks import task_labels
 
     label = task_labels([env])[0]
@@ -86,13 +104,14 @@ def compare(out: Path, env: str, variants: dict[str, list[str]], seeds: list[int
     for name in variants:
         times = [time_to_return(records[name, seed], target) for seed in seeds]
         walls = [records[name, seed][-1]["wall_time_s"] for seed in seeds]
+        lags = [float(np.mean(curve(records[name, seed], "env_steps", "policy_lag_mean")[1])) for seed in seeds]
         rows.append(f"| {label} | {name} | {mean_std([finals[name, seed] for seed in seeds])} | {mean_std(walls, 0)} | "
-                    f"{mean_std(times, 0)} | {target:.2f} |")
+                    f"{mean_std(times, 0)} | {target:.2f} | {mean_std(lags, 1)} |")
     return rows
 
 
-TABLE_HEADER = ["| env | variant | final return | wall time (s) | time to common return (s) | common return |",
-                "|---|---|---|---|---|---|"]
+TABLE_HEADER = ["| env | variant | final return | wall time (s) | time to common return (s) | common return | policy lag |",
+                "|---|---|---|---|---|---|---|"]
 
 
 def write_table(out: Path, lines: list[str]) -> None:

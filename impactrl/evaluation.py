@@ -14,9 +14,10 @@ from impactrl.build import env_options, make_agent, run_tasks
 from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs import make_env
-from impactrl.envs.tasks import pad_observation
+from impactrl.envs.tasks import pad_observation, tasks_family
 from impactrl.errors import UserError
 from impactrl.models import AgentInput
+from impactrl.ops.returns import discounted_returns, explained_variance
 
 VIDEO_FPS = 30
 
@@ -52,11 +53,61 @@ class EpisodeVideos:
         self.frames = []
 
 
+class MonteCarloValues:
+    """The agent's value V(x_t) at every step of the played episodes beside the discounted return
+    that followed, G_t = r_t + γ_t G_{t+1} (``discounted_returns``), in the terms the value was
+    trained in: rewards clipped as in training, γ_t = 0 where the episode ended and, when training
+    ended episodes at a lost life (Atari's episodic life), there too; a truncated episode
+    bootstraps from the value of its final observation.
+
+    Their gap is the value error of the evaluated policy's own returns, which the V-trace value
+    loss cannot show: its targets lean on the same value function."""
+
+    def __init__(self, num_envs: int, discount: float, clip_rewards: bool, life_ends: bool):
+        self.discount = discount
+        self.clip_rewards = clip_rewards
+        self.life_ends = life_ends
+        self.episode_steps: list[list[tuple[float, float, float]]] = [[] for _ in range(num_envs)]
+        self.lives: list[int | None] = [None] * num_envs
+        self.values: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+
+    def step(self, env_index: int, value: float, reward: float, terminated: bool, info: dict) -> None:
+        lives = info.get("lives") if self.life_ends else None
+        life_lost = lives is not None and self.lives[env_index] is not None and lives < self.lives[env_index]
+        self.lives[env_index] = lives
+        reward = float(np.clip(reward, -1.0, 1.0)) if self.clip_rewards else float(reward)
+        self.episode_steps[env_index].append((value, reward, 0.0 if terminated or life_lost else self.discount))
+
+    def end_episode(self, env_index: int, bootstrap_value: float) -> None:
+        steps = torch.tensor(self.episode_steps[env_index], dtype=torch.float64)
+        self.episode_steps[env_index], self.lives[env_index] = [], None
+        returns = discounted_returns(steps[:, 1:2], steps[:, 2:3], torch.tensor([bootstrap_value], dtype=torch.float64))
+        self.values.append(steps[:, 0])
+        self.targets.append(returns[:, 0])
+
+    def summary(self) -> dict:
+        """``value_mse``: mean of (V(x_t) − G_t)² over every step; ``value_explained_variance``:
+        1 − Var[G − V] / Var[G]."""
+        values, targets = torch.cat(self.values), torch.cat(self.targets)
+        return {"value_mse": float(((values - targets) ** 2).mean()),
+                "value_explained_variance": float(explained_variance(values, targets))}
+
+
+@dataclasses.dataclass
+class Played:
+    returns: list[float]
+    videos: list[str]
+    value_error: dict  # MonteCarloValues.summary(), or both entries None where it would mislead
+
+
 def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bool = False,
                         num_envs: int = 8, video_dir: Path | None = None,
                         references: Sequence[Path] = ()) -> dict:
-    """Mean and std of the undiscounted return over ``episodes`` whole episodes; with
-    ``video_dir``, the first env's episodes as mp4 files there.
+    """Mean and std of the undiscounted return over ``episodes`` whole episodes, and the value
+    error against the returns that followed (``MonteCarloValues``; null with ``greedy``, whose
+    policy is not the one the value estimates, and with normalised rewards, whose scale differs
+    per env); with ``video_dir``, the first env's episodes as mp4 files there.
 
     A multi-task agent plays ``episodes`` on every task and the result has one entry per task,
     with the return of a uniform-random policy over the task's actions beside it, and
@@ -83,8 +134,9 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
             raise UserError(f"--reference compares a multi-task agent with single-task runs, but {path} is a run on "
                             f"one task ({config.env})")
         envs = [make_env(tasks.ids[0], options, seed=seed + i, training=False) for i in range(num_envs)]
-        returns, videos = play(agent, envs, 0, shape, episodes, seed, greedy, video_dir)
-        return {**summarize_returns(returns), **common, **({"videos": videos} if video_dir is not None else {})}
+        played = play(agent, config, envs, 0, shape, episodes, seed, greedy, video_dir)
+        return {**summarize_returns(played.returns), **played.value_error, **common,
+                **({"videos": played.videos} if video_dir is not None else {})}
     reference_returns = {}
     for reference in references:
         result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs)
@@ -95,10 +147,11 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     per_task, scores = {}, []
     for task, (env_id, label) in enumerate(zip(tasks.ids, tasks.labels)):
         envs = [make_env(env_id, options, seed=seed + i, training=False) for i in range(num_envs)]
-        returns, videos = play(agent, envs, task, shape, episodes, seed, greedy,
-                               None if video_dir is None else Path(video_dir) / label)
+        played = play(agent, config, envs, task, shape, episodes, seed, greedy,
+                      None if video_dir is None else Path(video_dir) / label)
         random_return = float(np.mean(random_returns(env_id, options, episodes, seed)))
-        entry = {**summarize_returns(returns), "env": env_id, "random_return_mean": random_return}
+        entry = {**summarize_returns(played.returns), **played.value_error, "env": env_id,
+                 "random_return_mean": random_return}
         if env_id in reference_returns:
             entry["reference_return_mean"] = reference_returns[env_id]
             spread = reference_returns[env_id] - random_return
@@ -106,7 +159,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
             if entry["score"] is not None:
                 scores.append(entry["score"])
         if video_dir is not None:
-            entry["videos"] = videos
+            entry["videos"] = played.videos
         per_task[label] = entry
     return {"tasks": per_task, "score": float(np.mean(scores)) if scores else None, "tasks_scored": len(scores),
             "tasks_above_random": sum(entry["return_mean"] > entry["random_return_mean"] for entry in per_task.values()),
@@ -132,11 +185,11 @@ def random_returns(env_id: str, options, episodes: int, seed: int) -> list[float
     return returns
 
 
-def play(agent, envs: list, task: int, shape: tuple[int, ...], episodes: int, seed: int, greedy: bool,
-         video_dir: Path | None) -> tuple[list[float], list[str]]:
+def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ...], episodes: int, seed: int,
+         greedy: bool, video_dir: Path | None) -> Played:
     """Play ``episodes`` whole episodes of task ``task`` on ``envs`` (closed at the end), their
-    observations padded to ``shape``; returns and the videos written (the first env's episodes,
-    with ``video_dir``)."""
+    observations padded to ``shape``: the returns, the videos written (the first env's episodes,
+    with ``video_dir``) and the value error (see ``evaluate_checkpoint``)."""
     torch.manual_seed(seed)  # the sampled actions: the same episodes whatever was evaluated before
     num_envs = len(envs)
     head = agent.policy_head
@@ -151,6 +204,8 @@ def play(agent, envs: list, task: int, shape: tuple[int, ...], episodes: int, se
     task_index = torch.full((1, num_envs), task, dtype=torch.int64)
     core_state = agent.initial_state(num_envs)
     returns: list[float] = []
+    monte_carlo = MonteCarloValues(num_envs, config.discount, config.reward_clip == "abs_one",
+                                   config.episodic_life and tasks_family(config.env) == "atari")
     # An env only starts a new episode while more are needed, so fast envs don't bias the mean.
     started = num_envs
     active = np.ones(num_envs, dtype=bool)
@@ -161,16 +216,22 @@ def play(agent, envs: list, task: int, shape: tuple[int, ...], episodes: int, se
             policy = output.policy[0]
             action = head.mode(policy) if greedy else head.sample(policy)
             first = torch.zeros(num_envs, dtype=torch.bool)
+            truncated_obs = {}
             for i, env in enumerate(envs):
                 if not active[i]:
                     continue
                 observation, reward, terminated, truncated, info = env.step(action[i].numpy())
                 obs[i] = pad_observation(observation, shape)
                 prev_reward[i] = float(reward)
+                monte_carlo.step(i, float(output.value[0, i]), float(reward), terminated, info)
                 if videos is not None and i == 0:
                     videos.capture()
                 if terminated or truncated:
                     returns.append(float(info["episode"]["r"]))
+                    if terminated:
+                        monte_carlo.end_episode(i, 0.0)
+                    else:
+                        truncated_obs[i] = obs[i].copy()
                     if videos is not None and i == 0:
                         videos.finish_episode()
                     if started < episodes:
@@ -181,9 +242,20 @@ def play(agent, envs: list, task: int, shape: tuple[int, ...], episodes: int, se
                             videos.capture()
                     else:
                         active[i] = False
+            if truncated_obs:  # the values of their final observations, from the state that led there
+                final_obs = obs.copy()
+                for i, observation in truncated_obs.items():
+                    final_obs[i] = observation
+                final_inputs = AgentInput(torch.from_numpy(final_obs)[None], action[None], prev_reward[None],
+                                          torch.zeros((1, num_envs), dtype=torch.bool), task_index)
+                final_values = agent(final_inputs, core_state)[0].value[0]
+                for i in truncated_obs:
+                    monte_carlo.end_episode(i, float(final_values[i]))
             prev_action = torch.where(first.view(-1, *[1] * len(head.action_shape)), torch.zeros_like(action), action)
             prev_reward = torch.where(first, torch.zeros_like(prev_reward), prev_reward)
     for env in envs:
         env.close()
-    return returns[:episodes], [str(path) for path in videos.written] if videos is not None else []
+    value_error = (monte_carlo.summary() if not greedy and not config.normalize_rewards
+                   else {"value_mse": None, "value_explained_variance": None})
+    return Played(returns[:episodes], [str(path) for path in videos.written] if videos is not None else [], value_error)
 

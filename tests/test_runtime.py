@@ -115,6 +115,7 @@ def test_train_writes_contract_outputs(run_dir: Path):
     result = run_cli("eval", str(run_dir), "--episodes", "3", check=True)
     evaluation = json.loads(result.stdout.strip().splitlines()[-1])
     assert evaluation["episodes"] == 3 and {"return_mean", "return_std"} <= set(evaluation)
+    assert evaluation["value_mse"] >= 0 and evaluation["value_explained_variance"] <= 1
 
 
 def start_training(run_dir: Path, *args: str, min_updates: int = 1) -> subprocess.Popen:
