@@ -1,13 +1,17 @@
 """Claims (4) and (5): IMPACT without its target network or its truncated IS weight does worse,
-and the paper's buffer (N=1, K=2 discrete; N=16, K=20 continuous) is the best setting.
+and the paper's buffer (N=1, K=2 discrete; N=16, K=20 continuous) is the best setting; and
+IMPACT's learner training on held batches while it waits for new data against waiting for a free
+place in its buffer.
 
     python experiments/ablations.py --out runs/ablations [--env MinAtar/Breakout-v1] [--seeds 1,2,3]
         [--steps 1000000] [--buffers 1x1,1x4,2x2,4x2]
 
 Variants of IMPACT (with its presets for the env's family): the full algorithm; no target network
-(ratios against the behaviour policy); no truncation of the IS weight; and every N×K in
-``--buffers`` (for a MuJoCo env pass e.g. ``--buffers 16x20,8x20,16x10,4x5``). Writes
-``ENV-steps.png``, ``ENV-time.png`` and ``table.md`` as experiments/discrete.py does.
+(ratios against the behaviour policy); no truncation of the IS weight; the learner taking every
+batch as soon as it is ready and training on the held ones in between (``--buffer-fetch ready``,
+where the default waits for a free place); and every N×K in ``--buffers`` (for a MuJoCo env pass
+e.g. ``--buffers 16x20,8x20,16x10,4x5``). Writes ``ENV-steps.png``, ``ENV-time.png`` and
+``table.md`` (with the policy lag) as experiments/discrete.py does.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def main() -> None:
         "impact": impact,
         "no-target-network": [*impact, "--no-use-target-network"],
         "no-truncated-is": [*impact, "--target-worker-clip", "None"],
+        "fetch-ready": [*impact, "--buffer-fetch", "ready"],
     }
     for point in args.buffers.split(","):
         n, k = point.split("x")

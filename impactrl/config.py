@@ -152,6 +152,10 @@ class TrainConfig:
     """IMPACT circular buffer: batches held (N)."""
     buffer_uses: int = 2
     """IMPACT circular buffer: SGD steps taken on each batch (K)."""
+    buffer_fetch: Literal["free", "ready"] = "free"
+    """IMPACT: when the learner takes a batch from the actors: free = only while the buffer has a free place
+    (every batch gets its K steps; actors wait when the learner is slower); ready = whenever one is ready,
+    evicting the oldest batch with its steps left, and training on the held batches while none is."""
     target_update_interval: int = 0
     """IMPACT: learner updates between target-network refreshes (0 = 2 * N * K)."""
     target_update_tau: float = 1.0
@@ -376,7 +380,7 @@ def ray_actor_resources(config: TrainConfig) -> dict[str, float]:
 
 # Settings only some algorithms, env families or optimisers read.
 READ_ONLY_BY = {
-    "IMPACT": ({"impact"}, ("buffer_batches", "buffer_uses", "target_update_interval", "target_update_tau",
+    "IMPACT": ({"impact"}, ("buffer_batches", "buffer_uses", "buffer_fetch", "target_update_interval", "target_update_tau",
                             "target_scoring", "use_target_network", "target_worker_clip", "use_kl_loss", "kl_coeff",
                             "kl_target")),
     "PPO": ({"ppo"}, ("gae_lambda", "update_epochs", "num_minibatches", "clip_value_loss")),

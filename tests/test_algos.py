@@ -38,6 +38,25 @@ def test_impact_takes_k_steps_per_batch_and_refreshes_target_on_cadence():
     assert refreshes_seen[-1] == 1  # 18 updates: the next refresh is due at 24
 
 
+def test_impact_fetching_ready_batches_trains_on_held_ones_and_evicts_the_oldest():
+    """--buffer-fetch ready: the learner waits only once every held batch is spent, and a batch
+    taken while N are held evicts the oldest with the uses it had left."""
+    learner, batches = collect(dataclasses.replace(IMPACT, buffer_fetch="ready"), slots=3)
+    algorithm = learner.algorithm
+    assert algorithm.wants_data() and algorithm.takes_ready_data()
+    learner.add(batches[0])
+    assert not algorithm.wants_data()  # K = 3 uses held: train on them while no batch is ready
+    assert learner.update() is not None
+    learner.add(batches[1])
+    learner.add(batches[2])  # N = 2 were held: the oldest goes with its 2 uses left
+    assert algorithm.buffer.evicted_unused_uses == 2
+    updates = 0
+    while not algorithm.wants_data():
+        assert learner.update() is not None
+        updates += 1
+    assert updates == 2 * 3 and learner.update() is None
+
+
 def test_hard_refresh_copies_weights_exactly_and_polyak_moves_by_tau():
     learner, batches = collect(IMPACT, slots=1)
     algorithm = learner.algorithm

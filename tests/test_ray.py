@@ -82,11 +82,13 @@ def current_nodes(info: dict) -> dict[str, str]:
 
 def test_ray_runtime_trains_with_the_same_outputs_and_leaves_no_ray_process(run_dir: Path):
     with no_process_left_behind():
-        run_cli("train", "--runtime", "ray", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out",
-                str(run_dir), *FAST, check=True)
+        # IMPACT taking every ready batch: the learner polls the actors between SGD steps.
+        run_cli("train", "--runtime", "ray", "--env", "CartPole-v1", "--algo", "impact", "--buffer-fetch", "ready",
+                "--total-env-steps", "4000", "--out", str(run_dir), *FAST, check=True)
     records = read_metrics(run_dir)
     assert records and all(CONTRACT_KEYS <= set(record) for record in records)
     assert records[-1]["env_steps"] >= 4000 and records[-1]["actor_restarts"] == 0
+    assert records[-1]["learner_updates"] >= records[-1]["env_steps"] // (8 * 20)  # a step per batch taken
     assert any(record["episode_return_mean"] is not None for record in records)
     assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
     info = run_info(run_dir)

@@ -4,6 +4,8 @@ The learner loop (``impactrl.runtime.learner``) is the same for every algorithm:
 
     if algorithm.wants_data():                 # IMPALA: nothing pending; IMPACT: buffer not full
         algorithm.add_batch(source.next_batch())
+    elif algorithm.takes_ready_data():         # IMPACT --buffer-fetch ready
+        algorithm.add_batch(source.next_batch()) if one is ready now
     train_batch = algorithm.next_batch()       # None: wait for more data
     loss, stats = algorithm.loss(train_batch)  # one SGD step per batch drawn
     optimiser step; algorithm.after_update(updates)
@@ -60,6 +62,10 @@ class Algorithm(ABC):
     def wants_data(self) -> bool:
         """Whether the learner should wait for a fresh batch before the next SGD step."""
         return self._pending is None
+
+    def takes_ready_data(self) -> bool:
+        """Whether the learner should also take a batch that is ready now when it need not wait for one."""
+        return False
 
     def add_batch(self, batch: Batch) -> None:
         """Take a fresh batch from the actors (the default trains on it exactly once)."""

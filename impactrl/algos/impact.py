@@ -51,9 +51,14 @@ class Impact(Algorithm):
 
     # --- the buffer ---------------------------------------------------------------------------
     def wants_data(self) -> bool:
-        # Fetch only while a place is free: no batch is evicted before its K uses, so every
-        # batch gets the K SGD steps the buffer promises; actors wait when the learner is slower.
+        # "free": fetch only while a place is free, so no batch is evicted before its K uses and
+        # actors wait when the learner is slower. "ready": wait only once the held batches are spent.
+        if self.config.buffer_fetch == "ready":
+            return len(self.buffer) == 0
         return len(self.buffer) < self.config.buffer_batches
+
+    def takes_ready_data(self) -> bool:
+        return self.config.buffer_fetch == "ready"
 
     def add_batch(self, batch: Batch) -> None:
         held = _HeldBatch(batch)

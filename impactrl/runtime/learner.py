@@ -9,7 +9,7 @@ and the loop is::
 
     publish(weights, version = updates)
     until total_env_steps are consumed:
-        if the algorithm wants data:
+        if the algorithm wants data (or takes a batch that is ready now, IMPACT --buffer-fetch ready):
             batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
             record policy lag (updates - behaviour version) and data age per unroll; with
                 max_policy_lag, drop the unrolls older than that
@@ -288,12 +288,16 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
             check_health()
             if config.max_wall_time_s is not None:
                 learner.wall_time_progress = 1.0 - (deadline - time.monotonic()) / config.max_wall_time_s
-            if learner.algorithm.wants_data():
+            must_wait = learner.algorithm.wants_data()
+            if must_wait or (learner.algorithm.takes_ready_data() and counters.env_steps < config.total_env_steps):
                 began = time.monotonic()
-                item = source.next_batch(timeout_s=1.0)
+                item = source.next_batch(timeout_s=1.0 if must_wait else 0.0)
                 waited += time.monotonic() - began
-                if item is None:
+                if item is None and must_wait:
                     continue
+            else:
+                item = None
+            if item is not None:
                 batch, meta = item
                 learner.record_unrolls(meta)  # what the actors reported, also with unrolls dropped below
                 lags = counters.updates - meta["policy_version"]

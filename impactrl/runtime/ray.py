@@ -411,17 +411,18 @@ class RayActors:
         while len(self.full) < needed:
             self.request()
             remaining = began + timeout_s - time.monotonic()
-            if remaining <= 0:
-                self.waited_s += time.monotonic() - began
-                self._report_long_wait()
-                return None
             calls = list(self.owner)
-            done, rest = ray.wait(calls, num_returns=1, timeout=remaining)
+            # Collected once even when the time is up, so that timeout_s = 0 takes what has arrived.
+            done, rest = ray.wait(calls, num_returns=1, timeout=max(remaining, 0.0))
             if done:
                 done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
             for call in done:
                 self._receive(call)
             self._find_hung()
+            if len(self.full) < needed and time.monotonic() >= began + timeout_s:
+                self.waited_s += time.monotonic() - began
+                self._report_long_wait()
+                return None
         indices = [self.full.popleft() for _ in range(needed)]
         batch = self.store.gather(indices)
         for slot in indices:
