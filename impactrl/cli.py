@@ -289,10 +289,12 @@ def plot(argv: Sequence[str]) -> int:
     parser.add_argument("--x", default="env_steps", help="x axis key (default env_steps; wall_time_s for time)")
     parser.add_argument("--y", default="episode_return_mean", help="y axis key (default episode_return_mean)")
     parser.add_argument("--title", help="figure title")
+    parser.add_argument("--each-run", action="store_true", help="a line per run instead of one per group of runs "
+                        "that differ only in their seed (their mean, with the band from the lowest to the highest)")
     args = parser.parse_args(list(argv))
     from impactrl.plotting import plot_runs
 
-    print(plot_runs(args.runs, args.out, args.x, args.y, args.title))
+    print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run))
     return 0
 
 

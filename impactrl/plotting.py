@@ -1,15 +1,20 @@
 """``impactrl plot``: learning curves from one or more runs' ``metrics.jsonl``.
 
-Runs on several tasks get one panel per task: each task's return over its own env steps (or the
-chosen x), with every single-task run on that task in the same panel for comparison.
+Runs whose settings differ only in their seed (and directory) are one curve: the mean over the
+seeds with the band from their lowest to their highest value, over the x range all of them
+reached. Runs on several tasks get one panel per task: each task's return over its own env
+steps (or the chosen x), with every single-task run on that task in the same panel for comparison.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import yaml
 
 from impactrl.errors import UserError
@@ -43,8 +48,47 @@ def run_env(run_dir: Path) -> str | None:
     return yaml.safe_load(config.read_text()).get("env") if config.exists() else None
 
 
+SEED_INDEPENDENT = ("seed", "out", "ray_address")  # settings that do not make runs differ in kind
+
+
+def seed_groups(run_dirs: Sequence[Path]) -> list[list[Path]]:
+    """The runs grouped by their settings besides ``SEED_INDEPENDENT``, in first-seen order."""
+    groups: dict[str, list[Path]] = {}
+    for run_dir in map(Path, run_dirs):
+        config = run_dir / "config.yaml"
+        if config.exists():
+            settings = {k: v for k, v in yaml.safe_load(config.read_text()).items() if k not in SEED_INDEPENDENT}
+            key = yaml.safe_dump(settings, sort_keys=True)
+        else:
+            key = str(run_dir)
+        groups.setdefault(key, []).append(run_dir)
+    return list(groups.values())
+
+
+def group_label(run_dirs: Sequence[Path]) -> str:
+    """A run's name; for several seeds their common name without its seed suffix, and the count."""
+    names = [Path(run_dir).name for run_dir in run_dirs]
+    if len(names) == 1:
+        return names[0]
+    common = re.sub(r"[-_]?(s|seed)?$", "", os.path.commonprefix(names).rstrip("-_"))
+    return f"{common or names[0]} ({len(names)} seeds)"
+
+
+def mean_band(curves: Sequence[tuple[list[float], list[float]]], points: int = 200
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, mean, lowest, highest)`` of curves interpolated onto ``points`` x values over the range
+    every curve covers (one curve: itself)."""
+    if len(curves) == 1:
+        xs, ys = map(np.asarray, curves[0])
+        return xs, ys, ys, ys
+    low, high = max(xs[0] for xs, _ in curves), min(xs[-1] for xs, _ in curves)
+    grid = np.linspace(low, high, points) if high > low else np.asarray([high])
+    values = np.stack([np.interp(grid, xs, ys) for xs, ys in curves])
+    return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
+
+
 def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
-              y_key: str = "episode_return_mean", title: str | None = None) -> Path:
+              y_key: str = "episode_return_mean", title: str | None = None, each_run: bool = False) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,18 +107,28 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(7 if columns == 1 else 4.2 * columns, 4.5 if rows == 1 else 3.4 * rows),
                                 dpi=110, squeeze=False)
+    records_of = dict(runs)
+    groups = [[run_dir] for run_dir, _ in runs] if each_run else seed_groups([run_dir for run_dir, _ in runs])
     for index, label in enumerate(panels):
         ax = axes[index // columns][index % columns]
-        for run_dir, records in runs:
-            multi = bool(records) and "task" in records[-1]
-            if label is not None and multi:
-                xs, ys = curve(records, x_key, y_key, label)
-            elif label is None or run_env(run_dir) == tasks[label]:
-                xs, ys = curve(records, x_key, y_key)
-            else:
-                continue
-            if xs:
-                ax.plot(xs, ys, label=run_dir.name, linewidth=1.4)
+        for group in groups:
+            curves = []
+            for run_dir in group:
+                records = records_of[run_dir]
+                multi = bool(records) and "task" in records[-1]
+                if label is not None and multi:
+                    xs, ys = curve(records, x_key, y_key, label)
+                elif label is None or run_env(run_dir) == tasks[label]:
+                    xs, ys = curve(records, x_key, y_key)
+                else:
+                    continue
+                if xs:
+                    curves.append((xs, ys))
+            if curves:
+                xs, mean, lowest, highest = mean_band(curves)
+                (line,) = ax.plot(xs, mean, label=group_label(group), linewidth=1.4)
+                if len(curves) > 1:
+                    ax.fill_between(xs, lowest, highest, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(x_key + (" (of the task)" if label is not None and x_key == "env_steps" else ""))
         ax.set_ylabel(y_key)
         ax.grid(alpha=0.3)

@@ -1,0 +1,36 @@
+"""``impactrl plot``: runs that differ only in their seed are one curve, their mean and range."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from impactrl.config import TrainConfig, to_yaml
+from impactrl.plotting import group_label, mean_band, plot_runs, seed_groups
+
+
+def write_run(run_dir: Path, config: TrainConfig, steps: list[int], returns: list[float]) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(dataclasses.replace(config, out=run_dir)))
+    lines = [json.dumps({"env_steps": x, "wall_time_s": x / 100, "episode_return_mean": y}) for x, y in zip(steps, returns)]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return run_dir
+
+
+def test_seeds_of_one_setting_are_one_curve(tmp_path: Path):
+    base = TrainConfig(env="CartPole-v1")
+    runs = [write_run(tmp_path / f"cartpole-impala-s{seed}", dataclasses.replace(base, seed=seed),
+                      [0, 100, 200 + seed], [0.0, seed * 10.0, seed * 20.0]) for seed in (1, 2, 3)]
+    other = write_run(tmp_path / "cartpole-impala-lr", dataclasses.replace(base, learning_rate=0.1), [0, 100], [1.0, 2.0])
+    groups = seed_groups([runs[0], other, runs[1], runs[2]])
+    assert groups == [runs, [other]]
+    assert group_label(runs) == "cartpole-impala (3 seeds)" and group_label([other]) == "cartpole-impala-lr"
+
+    first, second = ([0, 100, 201], [0.0, 10.0, 20.0]), ([0, 100, 202], [0.0, 20.0, 40.0])
+    xs, mean, lowest, highest = mean_band([first, second], points=3)
+    np.testing.assert_allclose(xs, [0, 100.5, 201])  # the range both cover
+    np.testing.assert_allclose(lowest, [0.0, 10.0 + 10.0 * 0.5 / 101, 20.0])
+    np.testing.assert_allclose(highest, [0.0, 20.0 + 20.0 * 0.5 / 102, 20.0 + 20.0 * 101 / 102])
+    np.testing.assert_allclose(mean, (lowest + highest) / 2)
+    assert plot_runs([*runs, other], tmp_path / "curves.png").stat().st_size > 0
