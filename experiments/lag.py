@@ -79,10 +79,12 @@ def main() -> None:
 
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=110)
     lag = [values["policy_lag_mean"] for _, _, values in rows]
-    for ax, key in zip(axes, ("loss/baseline", "value/explained_variance", "value_mse")):
+    panels = {"loss/baseline": "value loss (V-trace targets)", "value/explained_variance": "explained variance "
+              "(V-trace targets)", "value_mse": "final agent's value MSE (returns that followed)"}
+    for ax, (key, label) in zip(axes, panels.items()):
         ax.scatter(lag, [values[key] for _, _, values in rows])
         ax.set_xlabel("policy lag (versions, mean over the second half)")
-        ax.set_ylabel(key)
+        ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     figure.suptitle(f"IMPALA on {args.env}: value error against policy lag (queue depths {args.queue_slots})")
     figure.tight_layout()
