@@ -62,11 +62,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     variants = {f"{count}-actors": ["--algo", args.algo, "--num-actors", count] for count in args.actors.split(",")}
     title = f"{args.algo} on {args.env}, seeds {args.seeds}"
-    with two_node_cluster(args.ray_node_cpus) if args.ray_actors else contextlib.nullcontext() as address:
-        for count in filter(None, args.ray_actors.split(",")):
-            variants[f"ray-2-nodes-{count}-actors"] = ["--algo", args.algo, "--num-actors", count, "--runtime", "ray",
-                                                       "--ray-address", address]
-        lines = TABLE_HEADER + compare(args.out, args.env, variants, seeds, args.steps, title)
+    lines = TABLE_HEADER + compare(args.out, args.env, variants, seeds, args.steps, title)
+    if args.ray_actors:  # the cluster only now, so that its servers do not share the cores with the local runs
+        with two_node_cluster(args.ray_node_cpus) as address:
+            for count in args.ray_actors.split(","):
+                variants[f"ray-2-nodes-{count}-actors"] = ["--algo", args.algo, "--num-actors", count, "--runtime",
+                                                           "ray", "--ray-address", address]
+            lines = TABLE_HEADER + compare(args.out, args.env, variants, seeds, args.steps, title)
     label = task_labels([args.env])[0]
     records = {(name, seed): read_records(args.out / f"{label}-{name}-s{seed}") for name in variants for seed in seeds}
     shortest = min(runs[-1]["wall_time_s"] for runs in records.values())
