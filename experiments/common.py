@@ -50,8 +50,9 @@ def evaluate(run_dir: Path, episodes: int) -> dict:
     print(f"+ impactrl eval {run_dir} --episodes {episodes}", flush=True)
     output = subprocess.run([sys.executable, "-m", "impactrl", "eval", str(run_dir), "--episodes", str(episodes)],
                             check=True, capture_output=True, text=True).stdout
-    saved.write_text(output.strip().splitlines()[-1])
-    return json.loads(saved.read_text())
+    result_line = output.strip().splitlines()[-1]
+    saved.write_text(result_line)
+    return json.loads(result_line)
 
 
 def final_return(records: list[dict], steps: int, task: str | None = None, y_key: str = "episode_return_mean"

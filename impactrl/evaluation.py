@@ -215,6 +215,7 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
             output, core_state = agent(inputs, core_state)
             policy = output.policy[0]
             action = head.mode(policy) if greedy else head.sample(policy)
+            values = output.value[0].tolist()
             first = torch.zeros(num_envs, dtype=torch.bool)
             truncated_obs = {}
             for i, env in enumerate(envs):
@@ -223,7 +224,7 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
                 observation, reward, terminated, truncated, info = env.step(action[i].numpy())
                 obs[i] = pad_observation(observation, shape)
                 prev_reward[i] = float(reward)
-                monte_carlo.step(i, float(output.value[0, i]), float(reward), terminated, info)
+                monte_carlo.step(i, values[i], float(reward), terminated, info)
                 if videos is not None and i == 0:
                     videos.capture()
                 if terminated or truncated:
