@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import FAST, run_cli
-from impactrl.config import TrainConfig
+from impactrl.config import TrainConfig, to_yaml
 from impactrl.diagnostics import RULES, REPEAT_S, WARMUP_S, LiveDiagnostics, diagnose
 
 CONFIG = TrainConfig(env="CartPole-v1", total_env_steps=1_000_000, num_actors=1)
@@ -133,6 +133,16 @@ def test_diagnose_names_the_blocked_actors_of_a_real_run(run_dir):
     result = run_cli("diagnose", str(run_dir), check=True)
     assert "[actors_blocked] the actors waited for a free slot" in result.stdout, result.stdout
     assert "[learner_starved]" not in result.stdout
+
+
+@pytest.mark.parametrize("env", ["ALE/Pong-v5", "MinAtar/Breakout-v1"])
+def test_diagnose_reads_a_run_on_env_ids_registered_by_other_packages(run_dir, env):
+    # A fresh process that never made an env must still find the ALE and MinAtar ids.
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(dataclasses.replace(CONFIG, env=env)))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in run_of()))
+    result = run_cli("diagnose", str(run_dir), check=True)
+    assert f"impala on {env}" in result.stdout and "nothing to report" in result.stdout
 
 
 def test_max_policy_lag_drops_and_counts_stale_unrolls(run_dir):

@@ -176,7 +176,6 @@ def check_env_id(env_id: str) -> None:
 def env_family(env_id: str) -> EnvFamily:
     """``"atari"`` for ids whose env is an ale_py ``AtariEnv``, ``"minatar"`` for ``MinAtar/*``,
     ``"classic"`` for any other registered Gymnasium id. Unknown ids raise :class:`UserError`."""
-    check_env_id(env_id)
     spec = env_spec(env_id)
     entry_point = spec.entry_point
     if spec.namespace == "MinAtar" or (isinstance(entry_point, str) and entry_point.startswith("minatar")):
@@ -189,7 +188,9 @@ def env_family(env_id: str) -> EnvFamily:
 
 
 def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The spec of a checked id, also in the ``module:EnvName-v0`` form."""
+    """The spec of an id, also in the ``module:EnvName-v0`` form; unknown ids raise :class:`UserError`.
+    Checking registers the ids first, so this works in a process that never made an env."""
+    check_env_id(env_id)
     return gym.spec(env_id.partition(":")[2] if ":" in env_id else env_id)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from impactrl.envs.factory import check_env_id, env_family, env_spec, register_all
+from impactrl.envs.factory import check_env_id, env_family, env_spec
 from impactrl.envs.vector import EnvVector, VectorStep
 from impactrl.errors import UserError
 
@@ -45,7 +45,6 @@ def task_ids(env: str) -> tuple[str, ...]:
 def task_labels(ids: Sequence[str]) -> tuple[str, ...]:
     """Short names for metrics and plots: the ids' names (``MinAtar/Breakout-v1`` → ``Breakout``),
     or the whole ids with ``/`` as ``_`` where two names would collide."""
-    register_all()
     names = tuple(env_spec(env_id).name for env_id in ids)
     return names if len(set(names)) == len(names) else tuple(env_id.replace("/", "_") for env_id in ids)
 
