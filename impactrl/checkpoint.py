@@ -116,7 +116,7 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"cannot read checkpoint {path}: {reason}") from None
+        raise UserError(f"{path} is not a checkpoint file (torch.load failed: {reason})") from None
     missing = sorted(set(REQUIRED_KEYS) - set(state)) if isinstance(state, dict) else list(REQUIRED_KEYS)
     if missing:
         raise UserError(f"{path} is not a checkpoint of this impactrl version (missing {', '.join(missing)})")

@@ -113,7 +113,7 @@ def test_corrupt_checkpoint(run_dir: Path):
     (checkpoints / "latest.pt").symlink_to("ckpt_0000000001.pt")
     for args in (("train", "--resume", str(run_dir)), ("eval", str(run_dir))):
         result = run_cli(*args)
-        assert_one_line_error(result, "cannot read checkpoint")
+        assert_one_line_error(result, "is not a checkpoint file (torch.load failed")
 
 
 def test_eval_missing_path(tmp_path: Path):
