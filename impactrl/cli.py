@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import shutil
 import signal
 import sys
@@ -226,6 +225,7 @@ def bench(argv: Sequence[str]) -> int:
     if not known.seconds > known.warmup_seconds >= 0:
         raise UserError(f"--seconds ({known.seconds}) must exceed --warmup-seconds ({known.warmup_seconds})")
     from impactrl.bench import format_summary, scratch_dir, summarize
+    from impactrl.metrics import json_line
     from impactrl.training import build_learner, train as run_training
 
     run_dir = scratch_dir()
@@ -242,8 +242,8 @@ def bench(argv: Sequence[str]) -> int:
     finally:
         shutil.rmtree(run_dir.parent, ignore_errors=True)
     print(format_summary(summary, config.env, config.algo))
-    print(json.dumps({"env": config.env, "algo": config.algo, "num_actors": config.num_actors,
-                      "envs_per_actor": config.envs_per_actor, **summary}))
+    print(json_line({"env": config.env, "algo": config.algo, "num_actors": config.num_actors,
+                     "envs_per_actor": config.envs_per_actor, **summary}))
     return 0
 
 
@@ -273,12 +273,13 @@ def evaluate(argv: Sequence[str]) -> int:
     import torch
 
     from impactrl.evaluation import evaluate_checkpoint
+    from impactrl.metrics import json_line
 
     # A few envs per forward pass: more threads only add synchronisation (much slower on a busy machine).
     torch.set_num_threads(1)
     result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs,
                                  video_dir=args.video, references=args.reference)
-    print(json.dumps(result))
+    print(json_line(result))
     return 0
 
 

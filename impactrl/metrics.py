@@ -52,7 +52,7 @@ class MetricsWriter:
         self.latest_warning = ""
 
     def write(self, record: dict[str, Any]) -> None:
-        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.write(json_line(record) + "\n")
         step = record["env_steps"]
         scalars = {key: value for key, value in flatten(record).items()
                    if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value)}
@@ -88,6 +88,21 @@ class MetricsWriter:
         self.tensorboard.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """``record`` as strict JSON: NaN and Inf (an explained variance of constant targets) become
+    null, which jq, JavaScript and pandas read, where Python's bare NaN token breaks them."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item) for item in value]
+        return value
+
+    return json.dumps(finite(record), allow_nan=False)
 
 
 def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -77,3 +77,19 @@ def test_quiet_shows_nothing_and_wandb_logs_offline_into_the_run_directory(run_d
     assert (run_dir / "train.log").read_text().count("\n") >= 2
     logs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1 and b"episode_return_mean" in logs[0].read_bytes()
+
+
+def test_metrics_lines_are_strict_json_with_null_for_non_finite_values(tmp_path: Path):
+    from impactrl.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path, total_env_steps=100, terminal=None)
+    writer.write({"env_steps": 10, "wall_time_s": 1.0, "env_steps_per_s": None, "episode_return_mean": None,
+                  "policy_lag_mean": 0.0, "learner_updates": 1, "value/explained_variance": float("nan"),
+                  "actor": {"0": {"policy_lag_mean": float("inf")}}})
+    writer.close()
+
+    def refuse(token: str):
+        raise AssertionError(f"non-standard JSON token {token}")
+
+    line = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
+    assert line["value/explained_variance"] is None and line["actor"]["0"]["policy_lag_mean"] is None
