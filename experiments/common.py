@@ -57,9 +57,11 @@ def evaluate(run_dir: Path, episodes: int) -> dict:
 
 def final_return(records: list[dict], steps: int, task: str | None = None, y_key: str = "episode_return_mean"
                  ) -> float | None:
-    """Mean of the logged ``y_key`` over the last ``LAST_FRACTION`` of ``steps`` (a task's own steps when given)."""
+    """Mean of the logged ``y_key`` over the last ``LAST_FRACTION`` of ``steps`` (a task's own steps when given),
+    or of the steps the run reached if it stopped earlier (``--stop-at-return``)."""
     xs, ys = curve(records, "env_steps", y_key, task)
-    window = [y for x, y in zip(xs, ys) if x >= (1 - LAST_FRACTION) * steps]
+    end = min(steps, records[-1]["env_steps"]) if records else steps
+    window = [y for x, y in zip(xs, ys) if x >= (1 - LAST_FRACTION) * end]
     return float(np.mean(window)) if window else None
 
 

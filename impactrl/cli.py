@@ -119,6 +119,8 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
     tasks = run_tasks(config)
     env_tasks(config, tasks)  # enough envs for the tasks, one weight per task
+    if config.stop_at_return is not None and tasks.multi_task:
+        raise UserError("--stop-at-return needs one task: a mean over several tasks' returns mixes their scales")
     agent = make_agent(config, tasks)
     slot_bytes = data_bytes(rollout_spec(config, agent, tasks))
     # The slots, plus the learner's copies: the batch being gathered, one pending and IMPACT's buffer.

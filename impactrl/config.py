@@ -40,6 +40,8 @@ class TrainConfig:
     """Stop after this many environment steps (agent steps; an Atari step is frame_skip frames)."""
     max_wall_time_s: float | None = None
     """Also stop after this many seconds of training in this invocation (None = no limit)."""
+    stop_at_return: float | None = None
+    """Also stop once the mean training return of the last 100 episodes reaches this (one task only)."""
     seed: int = 1
     """Seed for the learner's initialisation and, offset per actor and env, for the environments."""
     out: Path | None = None
@@ -340,6 +342,8 @@ def problems(config: TrainConfig) -> list[str]:
         found.append(f"task_weights must be positive numbers, got {list(config.task_weights)}")
     if config.max_wall_time_s is not None and not config.max_wall_time_s > 0:
         found.append(f"max_wall_time_s must be > 0 or None, got {config.max_wall_time_s}")
+    if config.stop_at_return is not None and not math.isfinite(config.stop_at_return):
+        found.append(f"stop_at_return must be a finite number or None, got {config.stop_at_return}")
     found += ray_problems(config)
     return found
 

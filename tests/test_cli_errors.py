@@ -36,6 +36,16 @@ def test_non_positive_sizes(run_dir: Path, flag: str, value: str, message: str):
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--stop-at-return", "nan"], "stop_at_return must be a finite number or None, got nan"),
+    (["--env", "MinAtar/Breakout-v1,MinAtar/Asterix-v1", "--stop-at-return", "5"], "--stop-at-return needs one task"),
+])
+def test_stop_at_return_needs_a_number_and_one_task(run_dir: Path, args: list[str], message: str):
+    result = run_cli("train", *args, "--out", str(run_dir))
+    assert_one_line_error(result, message)
+    assert not run_dir.exists()
+
+
 def test_all_problems_reported_at_once(run_dir: Path):
     result = run_cli("train", "--num-actors", "0", "--discount", "2", "--out", str(run_dir))
     assert_one_line_error(result, "num_actors must be >= 1", "discount must be in [0, 1]")

@@ -161,6 +161,19 @@ def test_stopped_run_resumes_with_its_version_and_env_steps(run_dir: Path):
     assert before["updates"] >= 40 and lags and max(lags) < 20
 
 
+def test_stop_at_return_ends_the_run_once_the_last_100_episodes_reach_it(run_dir: Path):
+    # CartPole's random policy scores ~22 an episode; IMPALA passes 40 within a few ten thousand steps.
+    run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "400000", "--stop-at-return", "40",
+            "--out", str(run_dir), *FAST, check=True)
+    learner = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
+    assert len(learner["recent_returns"]) == 100 and sum(learner["recent_returns"]) / 100 >= 40
+    assert learner["env_steps"] < 400_000
+    assert "reached --stop-at-return 40 at" in (run_dir / "train.log").read_text()
+    run_cli("train", "--resume", str(run_dir), "--stop-at-return", "40", check=True)  # reached: nothing to train
+    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]["env_steps"] == \
+        learner["env_steps"]
+
+
 def children_of(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []

@@ -8,7 +8,8 @@ A runtime hands it two endpoints::
 and the loop is::
 
     publish(weights, version = updates)
-    until total_env_steps are consumed:
+    until total_env_steps are consumed (or max_wall_time_s passes, or the mean return of the last
+            100 episodes reaches stop_at_return):
         if the algorithm wants data (or takes a batch that is ready now, IMPACT --buffer-fetch ready):
             batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
             record policy lag (updates - behaviour version) and data age per unroll; with
@@ -68,6 +69,10 @@ class LearnerCounters:
     updates_skipped: int = 0
     unrolls_dropped: int = 0
     env_steps_by_task: dict[str, int] = field(default_factory=dict)  # several tasks: env steps consumed per task
+    recent_returns: list[float] = field(default_factory=list)  # the last RETURN_WINDOW episodes' returns
+
+
+RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
 
 
 def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
@@ -236,6 +241,10 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
     waited = trained = 0.0
     weights.publish(learner.agent, counters.updates)
 
+    def return_reached() -> bool:
+        return (config.stop_at_return is not None and len(counters.recent_returns) == RETURN_WINDOW
+                and float(np.mean(counters.recent_returns)) >= config.stop_at_return)
+
     def log_line() -> None:
         nonlocal last_log, rate_since, steps_at_last_log, waited, trained
         now = time.monotonic()
@@ -284,7 +293,7 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         # Past the step budget, finish the SGD steps owed to data already taken (PPO's epochs,
         # IMPALA's last batch) and stop when the algorithm would fetch more.
         while ((counters.env_steps < config.total_env_steps or not learner.algorithm.wants_data())
-               and time.monotonic() < deadline):
+               and time.monotonic() < deadline and not return_reached()):
             check_health()
             if config.max_wall_time_s is not None:
                 learner.wall_time_progress = 1.0 - (deadline - time.monotonic()) / config.max_wall_time_s
@@ -313,6 +322,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                 tasks = batch["task"][0]  # [B]: an unroll plays one task
                 interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy(),
                                       batch["task"][:-1][ended].numpy())
+                counters.recent_returns = (counters.recent_returns
+                                           + batch["episode_return"][ended].tolist())[-RETURN_WINDOW:]
                 interval.add_unrolls(actor_ids.numpy(), lags.numpy(), (time.time() - created_at).numpy(),
                                      meta["stage_seconds"].numpy(), tasks.numpy())
                 if labels is not None:
@@ -338,6 +349,9 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         # Interrupted (Ctrl-C, a failed actor): keep what was learned so --resume can continue.
         checkpoint()
         raise
+    if return_reached():
+        writer.message(f"the mean return of the last {RETURN_WINDOW} episodes, {np.mean(counters.recent_returns):.2f}, "
+                       f"reached --stop-at-return {config.stop_at_return:g} at {counters.env_steps:,} env steps")
     log_line()
     checkpoint()
     return counters
