@@ -8,8 +8,8 @@ A runtime hands it two endpoints::
 and the loop is::
 
     publish(weights, version = updates)
-    until total_env_steps are consumed (or max_wall_time_s passes, or the mean return of the last
-            100 episodes reaches stop_at_return):
+    until total_env_steps are consumed, max_wall_time_s has passed, or the mean return of the
+    last 100 episodes reaches stop_at_return:
         if the algorithm wants data (or takes a batch that is ready now, IMPACT --buffer-fetch ready):
             batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
             record policy lag (updates - behaviour version) and data age per unroll; with
