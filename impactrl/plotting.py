@@ -52,12 +52,17 @@ SEED_INDEPENDENT = ("seed", "out", "ray_address")  # settings that do not make r
 
 
 def seed_groups(run_dirs: Sequence[Path]) -> list[list[Path]]:
-    """The runs grouped by their settings besides ``SEED_INDEPENDENT``, in first-seen order."""
+    """The runs grouped by their settings besides ``SEED_INDEPENDENT``, in first-seen order. A setting
+    missing from a config.yaml (one added to impactrl after the run began) counts as its default."""
+    from impactrl.config import TrainConfig, to_yaml
+
+    defaults = yaml.safe_load(to_yaml(TrainConfig()))
     groups: dict[str, list[Path]] = {}
     for run_dir in map(Path, run_dirs):
         config = run_dir / "config.yaml"
         if config.exists():
-            settings = {k: v for k, v in yaml.safe_load(config.read_text()).items() if k not in SEED_INDEPENDENT}
+            saved = {**defaults, **yaml.safe_load(config.read_text())}
+            settings = {k: v for k, v in saved.items() if k not in SEED_INDEPENDENT}
             key = yaml.safe_dump(settings, sort_keys=True)
         else:
             key = str(run_dir)

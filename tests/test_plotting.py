@@ -34,3 +34,13 @@ def test_seeds_of_one_setting_are_one_curve(tmp_path: Path):
     np.testing.assert_allclose(highest, [0.0, 20.0 + 20.0 * 0.5 / 102, 20.0 + 20.0 * 101 / 102])
     np.testing.assert_allclose(mean, (lowest + highest) / 2)
     assert plot_runs([*runs, other], tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_setting_missing_from_an_older_config_counts_as_its_default(tmp_path: Path):
+    base = TrainConfig(env="CartPole-v1")
+    older = write_run(tmp_path / "s1", base, [0, 100], [0.0, 1.0])
+    saved = (older / "config.yaml").read_text()
+    (older / "config.yaml").write_text("".join(line for line in saved.splitlines(keepends=True)
+                                               if not line.startswith("stop_at_return:")))
+    newer = write_run(tmp_path / "s2", dataclasses.replace(base, seed=2), [0, 100], [0.0, 2.0])
+    assert seed_groups([older, newer]) == [[older, newer]]
