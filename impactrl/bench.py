@@ -38,16 +38,19 @@ def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
         "measured_s": last["wall_time_s"] - first["wall_time_s"],
         "policy_lag_mean": float(np.mean([r["policy_lag_mean"] for r in steady if r["policy_lag_mean"] is not None])),
     }
-    for stage in ACTOR_STAGES:
-        summary[f"actor_{stage}_fraction"] = float(np.mean([r.get(f"time/actor_{stage}_fraction", np.nan) for r in steady]))
-    for stage in LEARNER_STAGES:
-        summary[f"learner_{stage}_fraction"] = float(np.mean([r[f"time/learner_{stage}_fraction"] for r in steady]))
+    # A line whose interval received no unrolls (the last one, after the actors stopped) has no actor split.
+    for key in [f"actor_{stage}_fraction" for stage in ACTOR_STAGES] + [f"learner_{stage}_fraction" for stage in LEARNER_STAGES]:
+        values = [r[f"time/{key}"] for r in steady if r.get(f"time/{key}") is not None]
+        summary[key] = float(np.mean(values)) if values else None
     return summary
 
 
 def format_summary(summary: dict[str, Any], env: str, algo: str) -> str:
-    actor = "  ".join(f"{stage} {summary[f'actor_{stage}_fraction']:6.1%}" for stage in ACTOR_STAGES)
-    learner = "  ".join(f"{stage} {summary[f'learner_{stage}_fraction']:6.1%}" for stage in LEARNER_STAGES)
+    def share(key: str) -> str:
+        return "     -" if summary[key] is None else f"{summary[key]:6.1%}"
+
+    actor = "  ".join(f"{stage} {share(f'actor_{stage}_fraction')}" for stage in ACTOR_STAGES)
+    learner = "  ".join(f"{stage} {share(f'learner_{stage}_fraction')}" for stage in LEARNER_STAGES)
     return (f"{algo} on {env}: {summary['env_steps_per_s']:,.0f} env steps/s over {summary['measured_s']:.0f}s "
             f"(policy lag {summary['policy_lag_mean']:.1f})\n"
             f"  actors:  {actor}\n"

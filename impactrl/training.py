@@ -16,6 +16,7 @@ from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
 from impactrl.errors import UserError
 from impactrl.metrics import MetricsWriter
+from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
 from impactrl.runtime.learner import Learner, LearnerCounters
 
@@ -28,6 +29,8 @@ def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner
     spec = rollout_spec(config, agent, tasks)
     device = torch.device(config.device)
     agent.to(device)
+    if device.type == "cpu":
+        learner_channels_last(agent)
     learner = Learner(config, agent, make_algorithm(config, agent), device)
     if checkpoint is not None:
         try:

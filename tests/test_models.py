@@ -32,6 +32,7 @@ from impactrl.models import (
     build_agent,
     supported_torsos,
 )
+from impactrl.models.torsos import learner_channels_last
 
 # ------------------------------------------------------------------------------------ torsos
 
@@ -85,6 +86,37 @@ def test_uint8_frames_are_scaled_by_255():
 def test_torso_cast_follows_parameter_dtype():
     torso = MinAtarTorso(2, 5, 5).double()
     assert torso(torch.zeros(1, 2, 5, 5, dtype=torch.bool)).dtype == torch.float64
+
+
+@pytest.mark.parametrize("torso_class, size", [(ShallowCNNTorso, 84), (ResNetTorso, 36)])
+def test_a_channels_last_learner_torso_computes_what_a_contiguous_one_does(torso_class, size):
+    torch.manual_seed(0)
+
+    def make_torso():
+        return torso_class(4, size, size)
+
+    torso, learner_copy = make_torso(), make_torso()
+    learner_copy.load_state_dict(torso.state_dict())
+    learner_channels_last(learner_copy)
+    conv = next(m for m in learner_copy.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+    frames = torch.randint(0, 256, (5, 4, size, size), dtype=torch.uint8)
+    torso(frames).square().sum().backward()
+    learner_copy(frames).square().sum().backward()
+    torch.testing.assert_close(learner_copy(frames), torso(frames))
+    for mine, theirs in zip(learner_copy.parameters(), torso.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6)
+    # What the learner publishes loads into an actor's contiguous copy unchanged.
+    actor = make_torso()
+    actor.load_state_dict(learner_copy.state_dict())
+    assert all(p.is_contiguous() for p in actor.parameters())
+    torch.testing.assert_close(actor(frames), torso(frames))
+
+
+def test_minatar_torso_stays_contiguous_in_the_learner():
+    torso = MinAtarTorso(4, 10, 10)
+    learner_channels_last(torso)
+    assert not torso.channels_last and torso.conv.weight.is_contiguous()
 
 
 def test_too_small_image_is_a_user_error():

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from impactrl.errors import UserError
 
-__all__ = ["MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "ResNetTorso"]
+__all__ = ["MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "ResNetTorso", "learner_channels_last"]
 
 ATARI_SCALE = 1.0 / 255.0
 
@@ -28,18 +28,29 @@ class _Torso(nn.Module):
     """Shared helpers: the observation cast and the output size."""
 
     output_size: int
+    # Whether a CPU learner keeps this torso channels-last (learner_channels_last): oneDNN's NHWC
+    # kernels made the learner's step on the 84x84 Atari nets faster and MinAtar's slower
+    # (benchmarks/README.md).
+    faster_channels_last = False
 
     def __init__(self, uint8_scale: float) -> None:
         super().__init__()
         self.uint8_scale = float(uint8_scale)
+        self.channels_last = False
+
+    def use_channels_last(self) -> None:
+        """Convolution weights channels-last, and observations cast straight into that layout."""
+        self.to(memory_format=torch.channels_last)
+        self.channels_last = True
 
     def _param_dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
     def _cast(self, obs: Tensor) -> Tensor:
-        x = obs.to(self._param_dtype())
+        layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.preserve_format
+        x = obs.to(self._param_dtype(), memory_format=layout)
         if obs.dtype == torch.uint8 and self.uint8_scale != 1.0:
-            x = x * self.uint8_scale
+            x.mul_(self.uint8_scale)  # x is a new tensor here: in place saves a pass over a large batch
         return x
 
 
@@ -116,6 +127,8 @@ class MinAtarTorso(_Torso):
 class ShallowCNNTorso(_Torso):
     """IMPALA shallow net: conv 16 8×8 s4 → ReLU → conv 32 4×4 s2 → ReLU → FC 256 → ReLU."""
 
+    faster_channels_last = True
+
     def __init__(
         self, in_channels: int, height: int, width: int, *, uint8_scale: float = ATARI_SCALE
     ) -> None:
@@ -170,6 +183,8 @@ class ResNetTorso(_Torso):
     84×84 input flattens to 32·11·11 = 3872 features before the FC layer.
     """
 
+    faster_channels_last = True
+
     def __init__(
         self,
         in_channels: int,
@@ -194,3 +209,11 @@ class ResNetTorso(_Torso):
     def forward(self, obs: Tensor) -> Tensor:
         x = F.relu(self.sections(self._cast(obs)))
         return F.relu(self.fc(x.flatten(1)))
+
+
+def learner_channels_last(agent: nn.Module) -> None:
+    """Switch the agent's torsos that run faster channels-last to that layout (a CPU learner's agent;
+    actors keep their own contiguous copy, where it made no difference)."""
+    for module in agent.modules():
+        if isinstance(module, _Torso) and module.faster_channels_last:
+            module.use_channels_last()
