@@ -38,7 +38,7 @@ def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
         "measured_s": last["wall_time_s"] - first["wall_time_s"],
         "policy_lag_mean": float(np.mean([r["policy_lag_mean"] for r in steady if r["policy_lag_mean"] is not None])),
     }
-    # A line whose interval received no unrolls (the last one, after the actors stopped) has no actor split.
+    # A line whose interval received no unrolls (such as one written just as the run stops) has no actor split.
     for key in [f"actor_{stage}_fraction" for stage in ACTOR_STAGES] + [f"learner_{stage}_fraction" for stage in LEARNER_STAGES]:
         values = [r[f"time/{key}"] for r in steady if r.get(f"time/{key}") is not None]
         summary[key] = float(np.mean(values)) if values else None
