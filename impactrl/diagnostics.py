@@ -161,6 +161,25 @@ def entropy_collapsed_early(records: Records, config: TrainConfig) -> Finding | 
 
 
 @rule
+def torso_layer_dead(records: Records, config: TrainConfig) -> Finding | None:
+    records = recent(records)
+    worst = [r["torso/dead_units_worst_layer"] for r in records if "torso/dead_units_worst_layer" in r]
+    # Every line of the window: a unit at zero on one batch may still fire on the next.
+    if len(worst) < 2 or min(worst) < 1.0:
+        return None
+    change = f"restart with a lower --learning-rate (now {config.learning_rate})"
+    if config.optimizer == "rmsprop":
+        change += f" or a larger --rmsprop-eps (now {config.rmsprop_eps}), which damps RMSProp's steps on small gradients"
+    return Finding("torso_layer_dead",
+                   f"every unit of one of the torso's ReLU layers was zero on every observation of the learner's "
+                   f"batches for the last {len(worst)} metrics lines (first layer: "
+                   f"{records[-1].get('torso/dead_units_first_layer', math.nan):.0%} dead)",
+                   "the policy and value no longer depend on the observation, and no gradient reaches a dead unit "
+                   "to revive it: the run cannot learn from here (dying ReLUs, usually from steps too large for "
+                   "the layer)", change)
+
+
+@rule
 def returns_flat(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> Finding | None:
     returns = [(r["env_steps"], r["episode_return_mean"]) for r in records if r.get("episode_return_mean") is not None]
     if len(returns) < 12 or returns[-1][0] < 0.3 * config.total_env_steps:

@@ -47,6 +47,8 @@ def fired(records, config=CONFIG, **kwargs):
     ("importance_weights_exploding", run_of(**{"vtrace/rho_extreme_fraction": 0.3}), "--clip-rho-threshold"),
     ("rewards_unclipped", run_of(**{"reward/batch_abs_max": 200.0}), "--reward-clip abs_one"),
     ("throughput_below_env_speed", run_of(env_steps_per_s=2_000.0), "--envs-per-actor"),
+    ("torso_layer_dead", run_of(**{"torso/dead_units_first_layer": 1.0, "torso/dead_units_worst_layer": 1.0}),
+     "--rmsprop-eps"),
 ])
 def test_rule_fires_on_its_symptom(rule, records, flag):
     finding = fired(records)[rule]
@@ -97,6 +99,14 @@ def test_counters_that_grow_are_findings():
     assert "2 actor restarts and 7 env errors" in found["actors_restarting"].seen
 
 
+def test_a_layer_dead_on_some_batches_only_is_not_a_finding():
+    records = run_of(**{"torso/dead_units_first_layer": 0.94, "torso/dead_units_worst_layer": 1.0})
+    records[-3]["torso/dead_units_worst_layer"] = 0.97  # one unit fired on that batch: not dead
+    assert "torso_layer_dead" not in fired(records)
+    adam = fired(run_of(**{"torso/dead_units_worst_layer": 1.0}), dataclasses.replace(CONFIG, optimizer="adam"))
+    assert "--rmsprop-eps" not in adam["torso_layer_dead"].change
+
+
 def test_rewards_already_clipped_are_not_a_finding():
     records = run_of(**{"reward/batch_abs_max": 200.0})
     assert "rewards_unclipped" not in fired(records, dataclasses.replace(CONFIG, reward_clip="abs_one"))
@@ -105,7 +115,7 @@ def test_rewards_already_clipped_are_not_a_finding():
 def test_every_rule_has_a_test_here():
     tested = {"learner_starved", "actors_blocked", "policy_lag_high", "importance_weights_exploding",
               "rewards_unclipped", "throughput_below_env_speed", "entropy_collapsed_early", "returns_flat",
-              "non_finite_updates", "actors_restarting"}
+              "non_finite_updates", "actors_restarting", "torso_layer_dead"}
     assert set(RULES) == tested
 
 

@@ -57,6 +57,27 @@ def test_shallow_cnn_torso_shapes():
     assert out.shape == (3, 256) and torso.output_size == 256
 
 
+def test_dead_units_are_counted_per_relu_layer_of_the_main_path():
+    torch.manual_seed(0)
+    torso = ShallowCNNTorso(4, 84, 84)
+    frames = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        torso.convs[0].bias[:4] = -1e3  # 4 of 16 channels negative on every input: dead
+        first = torch.relu(torso.convs[0](frames.float() / 255))
+    expected_first = float((first.amax(dim=(0, 2, 3)) <= 0).float().mean())
+    fractions = torso.dead_unit_fractions(frames)
+    assert len(fractions) == 3 and fractions[0] == expected_first >= 0.25
+    with torch.no_grad():
+        torso.convs[0].bias[:] = -1e3
+    assert torso.dead_unit_fractions(frames)[0] == 1.0
+    features = torso(frames)
+    torch.testing.assert_close(features, features[:1].expand_as(features))  # blind: one output for every frame
+    assert len(MinAtarTorso(4, 10, 10).dead_unit_fractions(torch.zeros(2, 4, 10, 10))) == 2
+    assert len(ResNetTorso(4, 84, 84).dead_unit_fractions(frames)) == 2  # residual branches not counted
+    assert MLPTorso(4).dead_unit_fractions(torch.zeros(2, 4)) == []  # tanh: no ReLU layers
+    assert not torso._forward_hooks and all(not m._forward_hooks for m in torso.modules())
+
+
 def test_minatar_torso_shapes_and_bool_input():
     torso = MinAtarTorso(4, 10, 10)
     assert torso.fc.in_features == 16 * 8 * 8

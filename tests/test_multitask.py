@@ -177,6 +177,7 @@ def test_train_eval_and_plot_a_suite_with_popart(run_dir):
     assert sorted(last["task"]) == sorted(task_labels(SUITES["minatar"]))
     assert sum(task["env_steps"] for task in last["task"].values()) == last["env_steps"]
     assert "popart/sigma_mean" in last
+    assert 0.0 <= last["torso/dead_units_first_layer"] <= last["torso/dead_units_worst_layer"] <= 1.0
     evaluation = json.loads(run_cli("eval", str(run_dir), "--episodes", "1", check=True).stdout)
     assert set(evaluation["tasks"]) == set(last["task"]) and evaluation["score"] is None
     assert all("random_return_mean" in task for task in evaluation["tasks"].values())

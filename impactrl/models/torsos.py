@@ -46,6 +46,26 @@ class _Torso(nn.Module):
     def _param_dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
 
+    @torch.no_grad()
+    def dead_unit_fractions(self, obs: Tensor) -> list[float]:
+        """For each ``nn.ReLU`` on the torso's main path, in call order: the share of its units
+        (a convolution's channels) that are zero on every observation of ``obs`` ``[N, *obs_shape]``.
+
+        Such a unit passes no gradient, so nothing revives it; a layer at 1.0 makes the features,
+        and so the policy and value, independent of the observation. Residual branches use
+        ``F.relu`` and are not counted (the skip path carries the signal past them); a torso
+        without ReLU layers (the tanh MLP) gives an empty list.
+        """
+        outputs: list[Tensor] = []
+        hooks = [module.register_forward_hook(lambda _module, _inputs, output: outputs.append(output))
+                 for module in self.modules() if isinstance(module, nn.ReLU)]
+        try:
+            self(obs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return [float((output.transpose(0, 1).flatten(1).amax(1) <= 0).float().mean()) for output in outputs]
+
     def _cast(self, obs: Tensor) -> Tensor:
         layout = torch.channels_last if self.channels_last and obs.dim() == 4 else torch.preserve_format
         x = obs.to(self._param_dtype(), memory_format=layout)
@@ -117,11 +137,12 @@ class MinAtarTorso(_Torso):
         self.conv = nn.Conv2d(in_channels, 16, kernel_size=3, stride=1)
         flat = _flat_size(self.conv, in_channels, height, width)
         self.fc = nn.Linear(flat, 128)
+        self.conv_relu, self.fc_relu = nn.ReLU(), nn.ReLU()  # modules, so dead_unit_fractions sees them
         self.output_size = 128
 
     def forward(self, obs: Tensor) -> Tensor:
-        x = F.relu(self.conv(self._cast(obs)))
-        return F.relu(self.fc(x.flatten(1)))
+        x = self.conv_relu(self.conv(self._cast(obs)))
+        return self.fc_relu(self.fc(x.flatten(1)))
 
 
 class ShallowCNNTorso(_Torso):
@@ -142,11 +163,12 @@ class ShallowCNNTorso(_Torso):
         )
         flat = _flat_size(self.convs, in_channels, height, width)
         self.fc = nn.Linear(flat, 256)
+        self.fc_relu = nn.ReLU()
         self.output_size = 256
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.convs(self._cast(obs))
-        return F.relu(self.fc(x.flatten(1)))
+        return self.fc_relu(self.fc(x.flatten(1)))
 
 
 class _ResidualBlock(nn.Module):
@@ -204,11 +226,12 @@ class ResNetTorso(_Torso):
         self.sections = nn.Sequential(*sections)
         self.flat_size = _flat_size(self.sections, in_channels, height, width)
         self.fc = nn.Linear(self.flat_size, 256)
+        self.sections_relu, self.fc_relu = nn.ReLU(), nn.ReLU()
         self.output_size = 256
 
     def forward(self, obs: Tensor) -> Tensor:
-        x = F.relu(self.sections(self._cast(obs)))
-        return F.relu(self.fc(x.flatten(1)))
+        x = self.sections_relu(self.sections(self._cast(obs)))
+        return self.fc_relu(self.fc(x.flatten(1)))
 
 
 def learner_channels_last(agent: nn.Module) -> None:

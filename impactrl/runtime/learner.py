@@ -73,6 +73,7 @@ class LearnerCounters:
 
 
 RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
+DEAD_UNIT_SAMPLE = 512  # observations the dead-unit count looks at, once per metrics line
 
 
 def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
@@ -142,6 +143,17 @@ class Learner:
         with self.autocast():
             self.algorithm.add_batch(batch)
         self.counters.env_steps += batch["reward"].numel()
+
+    def dead_units(self, obs: torch.Tensor) -> dict[str, float]:
+        """The torso's dead ReLU units (``dead_unit_fractions``) on a batch's observations
+        ``[T, B, ...]``, at most ``DEAD_UNIT_SAMPLE`` of them: the first layer and the worst."""
+        obs = obs.to(self.device)
+        if self.agent.obs_norm is not None:
+            obs = self.agent.obs_norm(obs)
+        fractions = self.agent.torso.dead_unit_fractions(obs.flatten(0, 1)[:DEAD_UNIT_SAMPLE])
+        if not fractions:
+            return {}
+        return {"torso/dead_units_first_layer": fractions[0], "torso/dead_units_worst_layer": max(fractions)}
 
     def update(self) -> dict[str, float] | None:
         """One SGD step on the algorithm's next batch; None when it needs fresh data first."""
@@ -239,6 +251,7 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
     rate_since: float | None = None
     steps_at_last_log = counters.env_steps
     waited = trained = 0.0
+    last_obs: torch.Tensor | None = None  # the newest batch's observations, for the dead-unit count
     weights.publish(learner.agent, counters.updates)
 
     def return_reached() -> bool:
@@ -267,6 +280,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
             "time/learner_wait_fraction": waited / max(now - last_log, 1e-9),
             "time/learner_train_fraction": trained / max(now - last_log, 1e-9),
         }
+        if last_obs is not None:
+            record.update(learner.dead_units(last_obs))
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
         for label, steps in counters.env_steps_by_task.items():
@@ -331,6 +346,7 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                         steps = counters.env_steps_by_task.get(labels[task], 0) + count * config.unroll_length
                         counters.env_steps_by_task[labels[task]] = steps
                 interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
+                last_obs = batch["obs"]
                 learner.add(batch)
                 if rate_since is None:
                     rate_since, steps_at_last_log = time.monotonic(), counters.env_steps
