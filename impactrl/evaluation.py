@@ -16,10 +16,11 @@ from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs import make_env
 from impactrl.envs.tasks import pad_observation, tasks_family
 from impactrl.errors import UserError
-from impactrl.models import AgentInput
+from impactrl.models import DEAD_UNIT_SAMPLE, AgentInput
 from impactrl.ops.returns import discounted_returns, explained_variance
 
 VIDEO_FPS = 30
+DEAD_UNIT_EVERY = 8  # steps between the observations sampled for the dead-unit count: spread over the games
 
 
 class EpisodeVideos:
@@ -99,6 +100,7 @@ class Played:
     returns: list[float]
     videos: list[str]
     value_error: dict  # MonteCarloValues.summary(), or both entries None where it would mislead
+    dead_units: list[float]  # the torso's dead_unit_fractions on a sample of the observations played
 
 
 def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bool = False,
@@ -107,7 +109,8 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     """Mean and std of the undiscounted return over ``episodes`` whole episodes, and the value
     error against the returns that followed (``MonteCarloValues``; null with ``greedy``, whose
     policy is not the one the value estimates, and with normalised rewards, whose scale differs
-    per env); with ``video_dir``, the first env's episodes as mp4 files there.
+    per env), ``torso_dead_units`` (the torso's ``dead_unit_fractions`` on up to ``DEAD_UNIT_SAMPLE``
+    of the observations played); with ``video_dir``, the first env's episodes as mp4 files there.
 
     A multi-task agent plays ``episodes`` on every task and the result has one entry per task,
     with the return of a uniform-random policy over the task's actions beside it, and
@@ -135,8 +138,8 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
                             f"one task ({config.env})")
         envs = [make_env(tasks.ids[0], options, seed=seed + i, training=False) for i in range(num_envs)]
         played = play(agent, config, envs, 0, shape, episodes, seed, greedy, video_dir)
-        return {**summarize_returns(played.returns), **played.value_error, **common,
-                **({"videos": played.videos} if video_dir is not None else {})}
+        return {**summarize_returns(played.returns), **played.value_error, "torso_dead_units": played.dead_units,
+                **common, **({"videos": played.videos} if video_dir is not None else {})}
     reference_returns = {}
     for reference in references:
         result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs)
@@ -150,8 +153,8 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
         played = play(agent, config, envs, task, shape, episodes, seed, greedy,
                       None if video_dir is None else Path(video_dir) / label)
         random_return = float(np.mean(random_returns(env_id, options, episodes, seed)))
-        entry = {**summarize_returns(played.returns), **played.value_error, "env": env_id,
-                 "random_return_mean": random_return}
+        entry = {**summarize_returns(played.returns), **played.value_error, "torso_dead_units": played.dead_units,
+                 "env": env_id, "random_return_mean": random_return}
         if env_id in reference_returns:
             entry["reference_return_mean"] = reference_returns[env_id]
             spread = reference_returns[env_id] - random_return
@@ -209,8 +212,13 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
     # An env only starts a new episode while more are needed, so fast envs don't bias the mean.
     started = num_envs
     active = np.ones(num_envs, dtype=bool)
+    sampled: list[np.ndarray] = []  # observations for the dead-unit count
+    step = 0
     with torch.inference_mode():
         while len(returns) < episodes:
+            if step % DEAD_UNIT_EVERY == 0 and sum(map(len, sampled)) < DEAD_UNIT_SAMPLE:
+                sampled.append(obs[active].copy())
+            step += 1
             inputs = AgentInput(torch.from_numpy(obs)[None], prev_action[None], prev_reward[None], first[None], task_index)
             output, core_state = agent(inputs, core_state)
             policy = output.policy[0]
@@ -258,5 +266,8 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
         env.close()
     value_error = (monte_carlo.summary() if not greedy and not config.normalize_rewards
                    else {"value_mse": None, "value_explained_variance": None})
-    return Played(returns[:episodes], [str(path) for path in videos.written] if videos is not None else [], value_error)
+    with torch.inference_mode():
+        dead_units = agent.dead_unit_fractions(torch.from_numpy(np.concatenate(sampled))[:DEAD_UNIT_SAMPLE])
+    return Played(returns[:episodes], [str(path) for path in videos.written] if videos is not None else [], value_error,
+                  dead_units)
 

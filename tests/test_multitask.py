@@ -181,4 +181,5 @@ def test_train_eval_and_plot_a_suite_with_popart(run_dir):
     evaluation = json.loads(run_cli("eval", str(run_dir), "--episodes", "1", check=True).stdout)
     assert set(evaluation["tasks"]) == set(last["task"]) and evaluation["score"] is None
     assert all("random_return_mean" in task for task in evaluation["tasks"].values())
+    assert all(len(task["torso_dead_units"]) == 2 for task in evaluation["tasks"].values())  # MinAtar: conv, fc
     assert plot_runs([run_dir], run_dir / "curves.png").stat().st_size > 0

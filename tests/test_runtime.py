@@ -116,6 +116,7 @@ def test_train_writes_contract_outputs(run_dir: Path):
     evaluation = json.loads(result.stdout.strip().splitlines()[-1])
     assert evaluation["episodes"] == 3 and {"return_mean", "return_std"} <= set(evaluation)
     assert evaluation["value_mse"] >= 0 and evaluation["value_explained_variance"] <= 1
+    assert evaluation["torso_dead_units"] == []  # CartPole's MLP torso is tanh: no ReLU layer to die
 
 
 def start_training(run_dir: Path, *args: str, min_updates: int = 1) -> subprocess.Popen:

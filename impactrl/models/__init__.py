@@ -10,9 +10,10 @@ from impactrl.models.agent import (
 )
 from impactrl.models.heads import CategoricalHead, GaussianHead, PolicyHead, ValueHead
 from impactrl.models.normalization import RunningNorm
-from impactrl.models.torsos import MinAtarTorso, MLPTorso, ResNetTorso, ShallowCNNTorso
+from impactrl.models.torsos import DEAD_UNIT_SAMPLE, MinAtarTorso, MLPTorso, ResNetTorso, ShallowCNNTorso
 
 __all__ = [
+    "DEAD_UNIT_SAMPLE",
     "Agent",
     "AgentInput",
     "AgentOutput",

@@ -139,6 +139,13 @@ class Agent(nn.Module):
             torch.zeros(batch_size, self.lstm_size, dtype=weight.dtype, device=device) for _ in range(2)
         )
 
+    def dead_unit_fractions(self, obs: Tensor) -> list[float]:
+        """The torso's ``dead_unit_fractions`` on observations ``[N, *obs_shape]`` as it sees them
+        (after ``obs_norm``)."""
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        return self.torso.dead_unit_fractions(obs)
+
     def forward(self, inputs: AgentInput, core_state: CoreState) -> tuple[AgentOutput, CoreState]:
         obs = inputs.obs
         T, B = obs.shape[:2]

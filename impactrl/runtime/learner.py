@@ -44,7 +44,7 @@ from impactrl.diagnostics import LiveDiagnostics
 from impactrl.envs.tasks import task_ids, task_labels
 from impactrl.errors import ActorFailed, TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
-from impactrl.models import Agent
+from impactrl.models import DEAD_UNIT_SAMPLE, Agent
 
 
 class BatchSource(Protocol):
@@ -73,7 +73,6 @@ class LearnerCounters:
 
 
 RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
-DEAD_UNIT_SAMPLE = 512  # observations the dead-unit count looks at, once per metrics line
 
 
 def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
@@ -147,10 +146,7 @@ class Learner:
     def dead_units(self, obs: torch.Tensor) -> dict[str, float]:
         """The torso's dead ReLU units (``dead_unit_fractions``) on a batch's observations
         ``[T, B, ...]``, at most ``DEAD_UNIT_SAMPLE`` of them: the first layer and the worst."""
-        obs = obs.to(self.device)
-        if self.agent.obs_norm is not None:
-            obs = self.agent.obs_norm(obs)
-        fractions = self.agent.torso.dead_unit_fractions(obs.flatten(0, 1)[:DEAD_UNIT_SAMPLE])
+        fractions = self.agent.dead_unit_fractions(obs.flatten(0, 1)[:DEAD_UNIT_SAMPLE].to(self.device))
         if not fractions:
             return {}
         return {"torso/dead_units_first_layer": fractions[0], "torso/dead_units_worst_layer": max(fractions)}
