@@ -197,7 +197,7 @@ class TrainConfig:
     rmsprop_alpha: float = 0.99
     """RMSProp smoothing constant (decay)."""
     rmsprop_eps: float = 0.01
-    """RMSProp epsilon (losses are summed over the batch, as in the paper, so 0.01 is small)."""
+    """RMSProp epsilon, added to the root mean square (the IMPALA paper's TensorFlow 0.01 sits under the root: 0.1 here)."""
     rmsprop_momentum: float = 0.0
     """RMSProp momentum."""
     adam_eps: float = 1e-5
