@@ -294,10 +294,14 @@ def plot(argv: Sequence[str]) -> int:
     parser.add_argument("--title", help="figure title")
     parser.add_argument("--each-run", action="store_true", help="a line per run instead of one per group of runs "
                         "that differ only in their seed (their mean, with the band from the lowest to the highest)")
+    parser.add_argument("--smooth", type=float, metavar="SPAN", help="each point the mean of the values over this "
+                        "span of the x axis before it (e.g. 100000 env steps), whatever the runs' log interval")
     args = parser.parse_args(list(argv))
+    if args.smooth is not None and not args.smooth > 0:
+        raise UserError(f"--smooth must be a positive span of the x axis, got {args.smooth:g}")
     from impactrl.plotting import plot_runs
 
-    print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run))
+    print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run, args.smooth))
     return 0
 
 

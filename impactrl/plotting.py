@@ -92,8 +92,21 @@ def mean_band(curves: Sequence[tuple[list[float], list[float]]], points: int = 2
     return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
+def trailing_mean(xs: Sequence[float], ys: Sequence[float], window: float) -> np.ndarray:
+    """Each y replaced by the mean of the ys whose x lies in (x − ``window``, x]: a moving average
+    over a span of the x axis, so runs logged at different intervals are smoothed alike."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    starts = np.searchsorted(xs, xs - window, side="right")
+    sums = np.concatenate([[0.0], np.cumsum(ys)])
+    ends = np.arange(1, len(xs) + 1)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
 def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
-              y_key: str = "episode_return_mean", title: str | None = None, each_run: bool = False) -> Path:
+              y_key: str = "episode_return_mean", title: str | None = None, each_run: bool = False,
+              smooth: float | None = None) -> Path:
+    """Draw the runs' ``y_key`` over ``x_key`` into ``out``; ``smooth``: each point the mean over
+    that span of x before it (``trailing_mean``), applied to every run before seeds are averaged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,7 +141,7 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
                 else:
                     continue
                 if xs:
-                    curves.append((xs, ys))
+                    curves.append((xs, trailing_mean(xs, ys, smooth) if smooth else ys))
             if curves:
                 xs, mean, lowest, highest = mean_band(curves)
                 (line,) = ax.plot(xs, mean, label=group_label(group), linewidth=1.4)

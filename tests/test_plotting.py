@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from impactrl.config import TrainConfig, to_yaml
-from impactrl.plotting import group_label, mean_band, plot_runs, seed_groups
+from conftest import run_cli
+from impactrl.plotting import group_label, mean_band, plot_runs, seed_groups, trailing_mean
 
 
 def write_run(run_dir: Path, config: TrainConfig, steps: list[int], returns: list[float]) -> Path:
@@ -44,3 +45,17 @@ def test_a_setting_missing_from_an_older_config_counts_as_its_default(tmp_path: 
                                                if not line.startswith("stop_at_return:")))
     newer = write_run(tmp_path / "s2", dataclasses.replace(base, seed=2), [0, 100], [0.0, 2.0])
     assert seed_groups([older, newer]) == [[older, newer]]
+
+
+def test_smoothing_averages_over_a_span_of_x_whatever_the_log_interval(tmp_path: Path):
+    rng = np.random.default_rng(0)
+    xs = np.cumsum(rng.integers(1, 50, size=200)).astype(float)
+    ys = rng.normal(size=200)
+    reference = [ys[(xs > x - 100) & (xs <= x)].mean() for x in xs]
+    np.testing.assert_allclose(trailing_mean(xs, ys, 100), reference)
+    np.testing.assert_allclose(trailing_mean(xs, ys, 0.5), ys)  # a span shorter than any gap: unchanged
+    run = write_run(tmp_path / "run", TrainConfig(env="CartPole-v1"), list(map(int, xs)), list(ys))
+    out = tmp_path / "smooth.png"
+    assert run_cli("plot", str(run), "--smooth", "100", "--out", str(out), check=True) and out.stat().st_size > 0
+    error = run_cli("plot", str(run), "--smooth", "0", "--out", str(out))
+    assert error.returncode == 2 and "--smooth must be a positive span" in error.stderr
