@@ -63,7 +63,7 @@ def test_dead_units_are_counted_per_relu_layer_of_the_main_path():
     frames = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
     with torch.no_grad():
         torso.convs[0].bias[:4] = -1e3  # 4 of 16 channels negative on every input: dead
-        first = torch.relu(torso.convs[0](frames.float() / 255))
+        first = torch.relu(torso.convs[0](torso._cast(frames)))  # the torso's own 1/255 scaling
     expected_first = float((first.amax(dim=(0, 2, 3)) <= 0).float().mean())
     fractions = torso.dead_unit_fractions(frames)
     assert len(fractions) == 3 and fractions[0] == expected_first >= 0.25
