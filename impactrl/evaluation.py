@@ -266,8 +266,7 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
         env.close()
     value_error = (monte_carlo.summary() if not greedy and not config.normalize_rewards
                    else {"value_mse": None, "value_explained_variance": None})
-    with torch.inference_mode():
-        dead_units = agent.dead_unit_fractions(torch.from_numpy(np.concatenate(sampled))[:DEAD_UNIT_SAMPLE])
+    dead_units = agent.dead_unit_fractions(torch.from_numpy(np.concatenate(sampled))[:DEAD_UNIT_SAMPLE])
     return Played(returns[:episodes], [str(path) for path in videos.written] if videos is not None else [], value_error,
                   dead_units)
 
