@@ -57,6 +57,16 @@ def test_shallow_cnn_torso_shapes():
     assert out.shape == (3, 256) and torso.output_size == 256
 
 
+def test_shallow_cnn_layers_start_orthogonal_with_zero_bias():
+    torso = ShallowCNNTorso(4, 84, 84)
+    layers = [m for m in torso.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert len(layers) == 3
+    for layer in layers:
+        w = layer.weight.detach().double().flatten(1)  # rows: output units; 16x256, 32x256, 256x2592
+        torch.testing.assert_close(w @ w.T, 2.0 * torch.eye(w.shape[0], dtype=torch.float64), atol=1e-4, rtol=0)
+        assert not layer.bias.any()
+
+
 def test_dead_units_are_counted_per_relu_layer_of_the_main_path():
     torch.manual_seed(0)
     torso = ShallowCNNTorso(4, 84, 84)

@@ -83,6 +83,19 @@ def _check_image(name: str, in_channels: int, height: int, width: int, min_size:
         )
 
 
+def _orthogonal_init(module: nn.Module) -> None:
+    """Orthogonal weights (gain √2) and zero biases for every linear and convolution layer.
+
+    On Atari the shallow CNN's first layer sees nearly uniform frames, so a filter's response is
+    mostly the sum of its weights; PyTorch's default init leaves that sum small against the
+    optimiser's normalised steps, and most filters died within 200k Pong steps (docs/results.md).
+    """
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2.0))
+            nn.init.zeros_(layer.bias)
+
+
 def _flat_size(net: nn.Module, in_channels: int, height: int, width: int) -> int:
     with torch.no_grad():
         return int(net(torch.zeros(1, in_channels, height, width)).flatten(1).shape[1])
@@ -109,9 +122,7 @@ class MLPTorso(_Torso):
         self.input_size = sizes[0]
         self.activation = activation
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
-        for layer in self.layers:
-            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2.0))
-            nn.init.zeros_(layer.bias)
+        _orthogonal_init(self.layers)
         self.output_size = sizes[-1]
         # A parameterless MLP still needs a dtype to cast to.
         if not self.layers:
@@ -147,7 +158,8 @@ class MinAtarTorso(_Torso):
 
 
 class ShallowCNNTorso(_Torso):
-    """IMPALA shallow net: conv 16 8×8 s4 → ReLU → conv 32 4×4 s2 → ReLU → FC 256 → ReLU."""
+    """IMPALA shallow net: conv 16 8×8 s4 → ReLU → conv 32 4×4 s2 → ReLU → FC 256 → ReLU.
+    Orthogonal init (gain √2), zero bias."""
 
     faster_channels_last = True
 
@@ -166,6 +178,7 @@ class ShallowCNNTorso(_Torso):
         self.fc = nn.Linear(flat, 256)
         self.fc_relu = nn.ReLU()
         self.output_size = 256
+        _orthogonal_init(self)
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.convs(self._cast(obs))
