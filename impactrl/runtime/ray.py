@@ -88,6 +88,11 @@ class TakeReply(NamedTuple):
     created_at: float
 
 
+# Ray starts its workers at niceness +15 (for its own servers' sake): beside any other busy
+# process an actor then gets almost no CPU. Actors run at the niceness of the node's Ray
+# processes instead, as the local runtime's do (benchmarks/README.md measures both).
+ACTOR_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+
 # Ray passes smaller values inside a call (its max_direct_call_object_size); larger weights are
 # put in the object store once and passed by reference. A put costs ~1 ms however small.
 INLINE_BYTES = 100 * 1024
@@ -392,7 +397,7 @@ class RayActors:
         remote = ray.remote(RayActor).options(
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
             max_concurrency=self.in_flight + 2,  # every take waits in its own thread; set_weights never queues
-            scheduling_strategy="SPREAD")
+            scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
         self.actors = [ActorHandle(i, remote.remote(config, i, spec, self.in_flight), learner.counters.updates)
                        for i in range(config.num_actors)]
         self.learner_where = where_am_i()
