@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import warnings
 
 import gymnasium as gym
@@ -209,6 +211,26 @@ def test_register_all_is_idempotent():
         register_all()
     for env_id in ("ALE/Pong-v5", "MinAtar/Breakout-v1", CARTPOLE_NO_VELOCITY_ID):
         assert env_id in gym.registry
+
+
+def test_minatar_ids_are_minatars_own_and_checking_another_id_does_not_import_minatar():
+    register_all()
+    ours = {env_id: gym.registry.pop(env_id) for env_id in list(gym.registry) if env_id.startswith("MinAtar/")}
+    try:
+        from minatar.gym import register_envs
+
+        register_envs()
+        theirs = {env_id: spec for env_id, spec in gym.registry.items() if env_id.startswith("MinAtar/")}
+    finally:
+        gym.registry.update(ours)
+    assert {k: (s.entry_point, s.kwargs) for k, s in ours.items()} == \
+           {k: (s.entry_point, s.kwargs) for k, s in theirs.items()}
+    # Importing minatar imports matplotlib and seaborn: seconds of every run's start.
+    script = ("import sys; from impactrl.envs import check_env_id, env_family; check_env_id('CartPole-v1'); "
+              "assert env_family('MinAtar/Breakout-v1') == 'minatar'; "
+              "print(sorted(m for m in ('minatar', 'seaborn', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "ALE/Breakout-v5", "MinAtar/SpaceInvaders-v1",

@@ -93,6 +93,9 @@ def _int_problem(name: str, value: object, minimum: int) -> str | None:
 
 _registered = False
 _register_lock = threading.Lock()
+# The ids minatar.gym.register_envs() registers, by name: importing minatar imports matplotlib and
+# seaborn, seconds of every process's start, so only gym.make of a MinAtar id imports it.
+MINATAR_GAMES = ("asterix", "breakout", "freeway", "seaquest", "space_invaders")
 
 
 def register_all() -> None:
@@ -107,16 +110,12 @@ def register_all() -> None:
 
         gym.register_envs(ale_py)
 
-        if "MinAtar/Breakout-v1" not in gym.registry:
-            # minatar.gym logs "Cannot import seaborn" at import time; seaborn only matters for
-            # rgb_array rendering, so keep that warning out of every run's output.
-            previous = logging.root.manager.disable
-            logging.disable(logging.WARNING)
-            try:
-                from minatar.gym import register_envs as register_minatar
-            finally:
-                logging.disable(previous)
-            register_minatar()
+        for game in MINATAR_GAMES:
+            name = game.title().replace("_", "")
+            for version, minimal_action_set in (("v0", False), ("v1", True)):
+                if f"MinAtar/{name}-{version}" not in gym.registry:
+                    gym.register(id=f"MinAtar/{name}-{version}", entry_point="minatar.gym:BaseEnv",
+                                 kwargs={"game": game, "use_minimal_action_set": minimal_action_set})
 
         if CARTPOLE_NO_VELOCITY_ID not in gym.registry:
             cartpole = gym.spec("CartPole-v1")
@@ -269,6 +268,7 @@ def make_env(
     if family == "atari":
         env = _make_atari(env_id, options, training=training)
     elif family == "minatar":
+        _import_minatar_quietly()
         env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
         env = RecordEpisodeStatistics(env)
         env = ChannelsFirstUint8(env)
@@ -284,6 +284,17 @@ def make_env(
     if seed is not None:
         env.action_space.seed(seed)
     return env
+
+
+def _import_minatar_quietly() -> None:
+    # minatar logs "Cannot import seaborn" at import time where seaborn is missing; seaborn only
+    # matters for its own rendering, so keep that warning out of every run's output.
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        import minatar.gym  # noqa: F401
+    finally:
+        logging.disable(previous)
 
 
 def _make_atari(env_id: str, options: EnvOptions, *, training: bool) -> gym.Env:
