@@ -242,16 +242,21 @@ def test_check_env_id_known(env_id):
 @pytest.mark.parametrize(
     "env_id, suggestion",
     [("CartPol-v1", "CartPole-v1"), ("cartpole-v1", "CartPole-v1"), ("ALE/Pongg-v5", "ALE/Pong-v5"),
-     ("MinAtar/Breakout", "MinAtar/Breakout-v")],
+     ("MinAtar/Breakout", "MinAtar/Breakout-v"), ("Pong-v5", "ALE/Pong-v5"), ("Breakout-v1", "MinAtar/Breakout-v1")],
 )
 def test_check_env_id_unknown_suggests(env_id, suggestion):
     with pytest.raises(UserError) as err:
         check_env_id(env_id)
     message = str(err.value)
-    assert "unknown environment id" in message and "did you mean" in message
-    assert suggestion in message and "\n" not in message
+    assert "unknown environment id" in message and f"did you mean '{suggestion}" in message
+    assert "\n" not in message
     with pytest.raises(UserError, match="unknown environment id"):
         make_env(env_id)
+
+
+def test_check_env_id_suggests_nothing_far_off():
+    with pytest.raises(UserError, match="unknown environment id 'Foo-v1'; no registered id is close"):
+        check_env_id("Foo-v1")
 
 
 @pytest.mark.parametrize("env_id", ["", "   ", "foo bar baz qux", None, "nosuchmodule_xyz:Foo-v0"])

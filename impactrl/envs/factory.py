@@ -160,16 +160,26 @@ def check_env_id(env_id: str) -> None:
         what = "unknown environment id"
     except Exception:  # noqa: BLE001 - gymnasium raises error.Error for a malformed id
         what = "unknown (malformed) environment id"
-    by_lower: dict[str, str] = {}
-    for key in gym.registry:
-        by_lower.setdefault(key.lower(), key)
-    close = difflib.get_close_matches(env_id.strip().lower(), list(by_lower), n=1, cutoff=0.6)
-    if close:
-        raise UserError(f"{what} {env_id!r}; did you mean {by_lower[close[0]]!r}?")
+    suggestion = _closest_id(env_id.strip().lower())
+    if suggestion:
+        raise UserError(f"{what} {env_id!r}; did you mean {suggestion!r}?")
     raise UserError(
         f"{what} {env_id!r}; no registered id is close "
         "(known: Gymnasium ids, ALE/<Game>-v5, MinAtar/<Game>-v1, impactrl/CartPoleNoVelocity-v1)"
     )
+
+
+def _closest_id(wanted: str) -> str | None:
+    """The registered id closest to ``wanted`` (lower case), also matched by its name without the
+    namespace: "pong-v5" means ALE/Pong-v5, and "breakout-v1" MinAtar/Breakout-v1."""
+    by_lower: dict[str, str] = {}
+    for key in gym.registry:
+        by_lower.setdefault(key.lower(), key)
+    for key in gym.registry:
+        by_lower.setdefault(key.lower().partition("/")[2], key)
+    by_lower.pop("", None)
+    close = difflib.get_close_matches(wanted, list(by_lower), n=1, cutoff=0.7)
+    return by_lower[close[0]] if close else None
 
 
 def env_family(env_id: str) -> EnvFamily:
