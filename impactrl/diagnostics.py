@@ -22,6 +22,7 @@ from typing import Any, Callable
 import yaml
 
 from impactrl.config import TrainConfig, coerce, with_values
+from impactrl.envs.tasks import task_ids
 from impactrl.errors import UserError
 
 Records = list[dict[str, Any]]
@@ -29,7 +30,10 @@ Records = list[dict[str, Any]]
 WARMUP_S = 60.0  # live checks start after this much training: start-up transients are not findings
 WINDOW_S = 60.0  # most rules read this much of the most recent metrics
 REPEAT_S = 300.0  # a rule reports again at most this often
-HISTORY = 2000  # lines kept for the rules that read the whole run (entropy, flat returns)
+HISTORY = 2000  # lines kept for the rules that read the whole run (entropy, returns)
+RETURN_BLOCK = 100  # episodes per mean return when comparing a run's best with its recent returns
+FALL_SHARE = 0.25  # a fall of at least this share of the rise before it
+FALL_ERRORS = 4  # ... and of at least this many standard errors
 LAG_LIMIT = 5  # versions; the IMPALA document: lag above 5 made the value error on Pong ~3x worse
 
 
@@ -201,6 +205,70 @@ def returns_flat(records: Records, config: TrainConfig, reward_threshold: float 
                    f"a higher --entropy-cost (now {config.entropy_cost}), or another --learning-rate")
 
 
+@dataclass(frozen=True)
+class ReturnBlock:
+    """The episodes of consecutive metrics lines: how many, their mean return and its standard error."""
+
+    env_steps: int  # at the block's last line
+    episodes: int
+    mean: float
+    standard_error: float
+
+
+def episode_blocks(records: Records, episodes: int) -> list[ReturnBlock]:
+    """Consecutive lines that together hold at least ``episodes`` episodes, counted back from the
+    newest line (fewer left over at the start are left out), each line's mean and standard
+    deviation pooled."""
+    blocks: list[ReturnBlock] = []
+    lines: list[tuple[int, float, float]] = []
+    count = 0
+    for record in reversed(records):
+        ended, mean, std = record.get("episodes") or 0, record.get("episode_return_mean"), record.get("episode_return_std")
+        if not ended or mean is None or std is None:
+            continue
+        if not lines:
+            end = record["env_steps"]
+        lines.append((ended, mean, std))
+        count += ended
+        if count >= episodes:
+            pooled_mean = sum(n * m for n, m, _ in lines) / count
+            variance = sum(n * (s * s + (m - pooled_mean) ** 2) for n, m, s in lines) / count
+            blocks.append(ReturnBlock(end, count, pooled_mean, math.sqrt(variance / count)))
+            lines, count = [], 0
+    return blocks[::-1]
+
+
+@rule
+def returns_fell(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> Finding | None:
+    # The troubleshooting guide's "unstable": the return rose, then fell back. Blocks of
+    # RETURN_BLOCK episodes; the rise to the best block and the fall from it must both exceed
+    # FALL_ERRORS standard errors of the difference, so that noise is no finding, and the fall
+    # a FALL_SHARE of the rise. Several tasks' returns have different scales: not compared.
+    blocks = episode_blocks(records, RETURN_BLOCK)
+    if len(blocks) < 3 or len(task_ids(config.env)) > 1:
+        return None
+    start, recent = blocks[0], blocks[-1]
+    best = max(blocks[:-1], key=lambda block: block.mean)
+    rise, fall = best.mean - start.mean, best.mean - recent.mean
+    if ((reward_threshold is not None and recent.mean >= reward_threshold)
+            or rise <= FALL_ERRORS * math.hypot(best.standard_error, start.standard_error)
+            or fall <= FALL_ERRORS * math.hypot(best.standard_error, recent.standard_error)
+            or fall < FALL_SHARE * rise):
+        return None
+    if config.synchronous:
+        steadier = (f"a smaller --clip-param (now {config.clip_param}), fewer --update-epochs (now "
+                    f"{config.update_epochs})")
+    else:
+        steadier = (f"a lower ρ̄ (--clip-rho-threshold, now {config.clip_rho_threshold}), a larger --batch-size "
+                    f"(now {config.batch_size})")
+    return Finding("returns_fell",
+                   f"the mean return rose from {start.mean:.2f} to {best.mean:.2f} (the {best.episodes} episodes "
+                   f"to {best.env_steps:,} env steps) and fell back to {recent.mean:.2f} (the last "
+                   f"{recent.episodes})",
+                   "the updates have become unstable: the policy moves too far on noisy or stale data",
+                   f"{steadier}, or a lower --learning-rate (now {config.learning_rate})")
+
+
 @rule
 def rewards_unclipped(records: Records, config: TrainConfig) -> Finding | None:
     records = recent(records)
@@ -259,7 +327,8 @@ def diagnose(records: Records, config: TrainConfig, reward_threshold: float | No
     """Every rule over the metrics lines ``records``; the findings in rule order."""
     found = []
     for name, check in RULES.items():
-        finding = (check(records, config, reward_threshold) if name == "returns_flat" else check(records, config))
+        finding = (check(records, config, reward_threshold) if name in ("returns_flat", "returns_fell")
+                   else check(records, config))
         if finding is not None:
             found.append(finding)
     return found

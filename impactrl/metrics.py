@@ -183,6 +183,7 @@ class IntervalStats:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
+            "episode_return_std": float(np.std(self.returns)) if self.returns else None,
             "episode_length_mean": float(np.mean(self.lengths)) if self.lengths else None,
             "episodes": len(self.returns),
         }

@@ -91,6 +91,27 @@ def test_returns_flat_for_long_unless_solved():
     assert "returns_flat" not in fired(run_of(length=40))  # still improving
 
 
+def test_returns_that_rose_and_fell_back_unless_by_noise_or_solved():
+    def run(returns, std=10.0):  # 50 episodes a line: a block of 100 episodes is two lines
+        return [healthy(i, episode_return_mean=value, episode_return_std=std, episodes=50)
+                for i, value in enumerate(returns)]
+    rise = [10.0 + 10 * i for i in range(20)]  # blocks of 15, 35, ... 195
+    finding = fired(run(rise + [120.0] * 4))["returns_fell"]
+    assert "from 15.00 to 195.00 (the 100 episodes to 200,000 env steps) and fell back to 120.00" in finding.seen
+    assert "--clip-rho-threshold" in finding.change and "--batch-size" in finding.change
+    assert "returns_fell" not in fired(run(rise + [120.0] * 4), reward_threshold=100.0)
+    ppo = fired(run(rise + [120.0] * 4), dataclasses.replace(CONFIG, algo="ppo"))["returns_fell"]
+    assert "--clip-param" in ppo.change and "--batch-size" not in ppo.change
+    assert "returns_fell" not in fired(run(rise + [160.0] * 4))  # less than a quarter of the rise
+    # Blocks of 80, then 110 and 90 in turn, then 80: a fall of 30 from a rise of 30, which is
+    # a finding where a game's return varies by 5 and noise where it varies by 60.
+    wavy = [80.0] * 2 + [110.0, 110.0, 90.0, 90.0] * 10 + [80.0] * 2
+    assert "returns_fell" in fired(run(wavy, std=5.0))
+    assert "returns_fell" not in fired(run(wavy, std=60.0))
+    assert "returns_fell" not in fired(run([50.0] * 20, std=0.0))
+    assert "returns_fell" not in fired(run(rise + [120.0] * 4), dataclasses.replace(CONFIG, env="minatar"))
+
+
 def test_counters_that_grow_are_findings():
     records = run_of()
     records[-1].update(updates_skipped=3, actor_restarts=2, env_errors=7)
@@ -115,7 +136,7 @@ def test_rewards_already_clipped_are_not_a_finding():
 def test_every_rule_has_a_test_here():
     tested = {"learner_starved", "actors_blocked", "policy_lag_high", "importance_weights_exploding",
               "rewards_unclipped", "throughput_below_env_speed", "entropy_collapsed_early", "returns_flat",
-              "non_finite_updates", "actors_restarting", "torso_layer_dead"}
+              "returns_fell", "non_finite_updates", "actors_restarting", "torso_layer_dead"}
     assert set(RULES) == tested
 
 

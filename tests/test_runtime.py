@@ -109,6 +109,7 @@ def test_train_writes_contract_outputs(run_dir: Path):
     assert records and all(CONTRACT_KEYS <= set(record) for record in records)
     assert records[-1]["env_steps"] >= 4000
     assert any(record["episode_return_mean"] is not None for record in records)
+    assert all((record["episode_return_std"] is None) == (record["episodes"] == 0) for record in records)
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["total_env_steps"] == 4000
     assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
     assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())
