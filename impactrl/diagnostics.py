@@ -11,6 +11,7 @@ reported during it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -73,11 +74,15 @@ def increase(records: Records, key: str) -> int:
     return values[-1] - values[0] if len(values) >= 2 else 0
 
 
-RULES: dict[str, Callable[[Records, TrainConfig], Finding | None]] = {}
+RULES: dict[str, Callable[[Records, TrainConfig, float | None], Finding | None]] = {}
 
 
-def rule(check: Callable[[Records, TrainConfig], Finding | None]):
-    RULES[check.__name__] = check
+def rule(check: Callable[..., Finding | None]):
+    """Register a rule; one that reads the env's solved threshold takes it as ``reward_threshold``."""
+    if "reward_threshold" in inspect.signature(check).parameters:
+        RULES[check.__name__] = check
+    else:
+        RULES[check.__name__] = lambda records, config, reward_threshold: check(records, config)
     return check
 
 
@@ -326,9 +331,8 @@ def throughput_below_env_speed(records: Records, config: TrainConfig) -> Finding
 def diagnose(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> list[Finding]:
     """Every rule over the metrics lines ``records``; the findings in rule order."""
     found = []
-    for name, check in RULES.items():
-        finding = (check(records, config, reward_threshold) if name in ("returns_flat", "returns_fell")
-                   else check(records, config))
+    for check in RULES.values():
+        finding = check(records, config, reward_threshold)
         if finding is not None:
             found.append(finding)
     return found
