@@ -242,7 +242,8 @@ def test_check_env_id_known(env_id):
 @pytest.mark.parametrize(
     "env_id, suggestion",
     [("CartPol-v1", "CartPole-v1"), ("cartpole-v1", "CartPole-v1"), ("ALE/Pongg-v5", "ALE/Pong-v5"),
-     ("MinAtar/Breakout", "MinAtar/Breakout-v"), ("Pong-v5", "ALE/Pong-v5"), ("Breakout-v1", "MinAtar/Breakout-v1")],
+     ("MinAtar/Breakout", "MinAtar/Breakout-v"), ("Pong-v5", "ALE/Pong-v5"), ("Breakout-v1", "MinAtar/Breakout-v1"),
+     ("MinAtar/Pong-v1", "ALE/Pong-v5"), ("ALE/Asterix-v1", "ALE/Asterix-v5"), ("MinAtar/Hopper-v5", "Hopper-v5")],
 )
 def test_check_env_id_unknown_suggests(env_id, suggestion):
     with pytest.raises(UserError) as err:

@@ -171,15 +171,31 @@ def check_env_id(env_id: str) -> None:
 
 def _closest_id(wanted: str) -> str | None:
     """The registered id closest to ``wanted`` (lower case), also matched by its name without the
-    namespace: "pong-v5" means ALE/Pong-v5, and "breakout-v1" MinAtar/Breakout-v1."""
+    namespace: "pong-v5" means ALE/Pong-v5, and "breakout-v1" MinAtar/Breakout-v1. A match that
+    keeps the namespace but changes the game ("minatar/pong-v1" to MinAtar/Breakout-v1) loses to
+    the same game in another namespace (ALE/Pong-v5), or in none ("minatar/hopper-v5")."""
     by_lower: dict[str, str] = {}
     for key in gym.registry:
         by_lower.setdefault(key.lower(), key)
     for key in gym.registry:
-        by_lower.setdefault(key.lower().partition("/")[2], key)
+        by_lower.setdefault(_bare_name(key.lower()), key)
     by_lower.pop("", None)
-    close = difflib.get_close_matches(wanted, list(by_lower), n=1, cutoff=0.7)
-    return by_lower[close[0]] if close else None
+    candidates = list(by_lower)
+
+    def closest(query: str) -> str | None:
+        close = difflib.get_close_matches(query, candidates, n=1, cutoff=0.7)
+        return close[0] if close else None
+
+    match = closest(wanted)
+    bare = _bare_name(wanted)
+    if bare != wanted and (match is None or difflib.SequenceMatcher(None, bare, _bare_name(match)).ratio() < 0.7):
+        match = closest(bare) or match
+    return by_lower[match] if match else None
+
+
+def _bare_name(env_id: str) -> str:
+    """An id without its namespace: "ALE/Pong-v5" -> "Pong-v5"."""
+    return env_id.rpartition("/")[2]
 
 
 def env_family(env_id: str) -> EnvFamily:
