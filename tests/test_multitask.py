@@ -173,10 +173,12 @@ def test_a_mixed_batch_of_two_tasks_trains_and_popart_survives_a_checkpoint(algo
 def test_train_eval_and_plot_a_suite_with_popart(run_dir):
     run_cli("train", "--env", "minatar", "--popart", "--num-actors", "2", "--envs-per-actor", "5", "--batch-size", "10",
             "--total-env-steps", "12000", "--log-interval-s", "1", "--out", str(run_dir), check=True)
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
     assert sorted(last["task"]) == sorted(task_labels(SUITES["minatar"]))
     assert sum(task["env_steps"] for task in last["task"].values()) == last["env_steps"]
-    assert "popart/sigma_mean" in last
+    # Learner statistics are the interval's: the final line may follow the previous one too soon to hold any.
+    assert any("popart/sigma_mean" in record for record in records)
     assert 0.0 <= last["torso/dead_units_first_layer"] <= last["torso/dead_units_worst_layer"] <= 1.0
     evaluation = json.loads(run_cli("eval", str(run_dir), "--episodes", "1", check=True).stdout)
     assert set(evaluation["tasks"]) == set(last["task"]) and evaluation["score"] is None
