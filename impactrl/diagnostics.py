@@ -263,6 +263,9 @@ def returns_fell(records: Records, config: TrainConfig, reward_threshold: float 
     if config.synchronous:
         steadier = (f"a smaller --clip-param (now {config.clip_param}), fewer --update-epochs (now "
                     f"{config.update_epochs})")
+    elif config.algo == "impact":
+        steadier = (f"a smaller --clip-param (now {config.clip_param}), fewer --buffer-uses (now "
+                    f"{config.buffer_uses}), a larger --batch-size (now {config.batch_size})")
     else:
         steadier = (f"a lower ρ̄ (--clip-rho-threshold, now {config.clip_rho_threshold}), a larger --batch-size "
                     f"(now {config.batch_size})")

@@ -102,6 +102,8 @@ def test_returns_that_rose_and_fell_back_unless_by_noise_or_solved():
     assert "returns_fell" not in fired(run(rise + [120.0] * 4), reward_threshold=100.0)
     ppo = fired(run(rise + [120.0] * 4), dataclasses.replace(CONFIG, algo="ppo"))["returns_fell"]
     assert "--clip-param" in ppo.change and "--batch-size" not in ppo.change
+    impact = fired(run(rise + [120.0] * 4), dataclasses.replace(CONFIG, algo="impact"))["returns_fell"]
+    assert "--clip-param" in impact.change and "--buffer-uses" in impact.change and "--clip-rho" not in impact.change
     assert "returns_fell" not in fired(run(rise + [160.0] * 4))  # less than a quarter of the rise
     # Blocks of 80, then 110 and 90 in turn, then 80: a fall of 30 from a rise of 30, which is
     # a finding where a game's return varies by 5 and noise where it varies by 60.
