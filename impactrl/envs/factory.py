@@ -169,6 +169,9 @@ def check_env_id(env_id: str) -> None:
     )
 
 
+CLOSE_ID_RATIO = 0.7  # difflib's similarity from which an id (or a game's name) counts as close
+
+
 def _closest_id(wanted: str) -> str | None:
     """The registered id closest to ``wanted`` (lower case), also matched by its name without the
     namespace: "pong-v5" means ALE/Pong-v5, and "breakout-v1" MinAtar/Breakout-v1. A match that
@@ -183,12 +186,12 @@ def _closest_id(wanted: str) -> str | None:
     candidates = list(by_lower)
 
     def closest(query: str) -> str | None:
-        close = difflib.get_close_matches(query, candidates, n=1, cutoff=0.7)
+        close = difflib.get_close_matches(query, candidates, n=1, cutoff=CLOSE_ID_RATIO)
         return close[0] if close else None
 
     match = closest(wanted)
     bare = _bare_name(wanted)
-    if bare != wanted and (match is None or difflib.SequenceMatcher(None, bare, _bare_name(match)).ratio() < 0.7):
+    if bare != wanted and (match is None or difflib.SequenceMatcher(None, bare, _bare_name(match)).ratio() < CLOSE_ID_RATIO):
         match = closest(bare) or match
     return by_lower[match] if match else None
 
