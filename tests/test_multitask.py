@@ -20,6 +20,7 @@ from impactrl.ops.popart import art_update, pop_preserve, popart_sigma
 from impactrl.plotting import plot_runs
 from impactrl.training import build_learner
 from conftest import collect, run_cli
+from test_runtime import read_metrics
 
 # Breakout: 4 channels, 3 actions; Seaquest: 10 channels, 6 actions.
 TWO_TASKS = TrainConfig(algo="impala", env="MinAtar/Breakout-v1,MinAtar/Seaquest-v1", num_actors=1, envs_per_actor=4,
@@ -173,7 +174,7 @@ def test_a_mixed_batch_of_two_tasks_trains_and_popart_survives_a_checkpoint(algo
 def test_train_eval_and_plot_a_suite_with_popart(run_dir):
     run_cli("train", "--env", "minatar", "--popart", "--num-actors", "2", "--envs-per-actor", "5", "--batch-size", "10",
             "--total-env-steps", "12000", "--log-interval-s", "1", "--out", str(run_dir), check=True)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     last = records[-1]
     assert sorted(last["task"]) == sorted(task_labels(SUITES["minatar"]))
     assert sum(task["env_steps"] for task in last["task"].values()) == last["env_steps"]
