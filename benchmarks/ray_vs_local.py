@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from impactrl.bench import summarize
+from impactrl.runtime.ray import two_node_cluster
 
 ENVS = ("CartPole-v1", "MinAtar/Breakout-v1", "ALE/Pong-v5")
 RAY_PROCESS_NAMES = (b"raylet", b"gcs_server", b"ray::", b"default_worker.py", b"log_monitor.py")
@@ -80,17 +81,12 @@ def sample_memory(process: subprocess.Popen, samples: list[tuple[float, int]]) -
 
 
 def on_cluster(seconds: float, actor_counts: list[int], node_cpus: int, env: str) -> None:
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": node_cpus})
-    try:
-        cluster.add_node(num_cpus=node_cpus)
-        cluster.wait_for_nodes()
+    with two_node_cluster(node_cpus) as address:
         for actors in actor_counts:
             run_dir = Path(tempfile.mkdtemp(prefix="impactrl-ray-cluster-")) / "run"
             process = subprocess.Popen(
                 [sys.executable, "-m", "impactrl", "train", "--algo", "impala", "--env", env, "--runtime", "ray",
-                 "--ray-address", cluster.address, "--num-actors", str(actors), "--total-env-steps", str(10**12),
+                 "--ray-address", address, "--num-actors", str(actors), "--total-env-steps", str(10**12),
                  "--max-wall-time-s", str(seconds), "--log-interval-s", "2", "--checkpoint-interval-s", str(10**9),
                  "--out", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             samples: list[tuple[float, int]] = []
@@ -116,8 +112,6 @@ def on_cluster(seconds: float, actor_counts: list[int], node_cpus: int, env: str
                 "memory_mib_second_third": max(kib for _, kib in samples[third:2 * third]) / 1024,
                 "memory_mib_last_third": max(kib for _, kib in samples[2 * third:]) / 1024,
                 "actor_restarts": records[-1]["actor_restarts"]}), flush=True)
-    finally:
-        cluster.shutdown()
 
 
 def train_ray(env: str, run_dir: Path, *flags: str) -> tuple[list[dict], dict]:

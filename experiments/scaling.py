@@ -16,7 +16,6 @@ them. Writes ``ENV-steps.png``, ``ENV-time.png`` and ``table.md``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +23,7 @@ from common import LAST_FRACTION, TABLE_HEADER, compare, mean_std, write_table
 
 from impactrl.envs.tasks import task_labels
 from impactrl.plotting import curve, read_records
-
-
-@contextlib.contextmanager
-def two_node_cluster(node_cpus: int):
-    """The address of a Ray cluster of two nodes on this machine, shut down afterwards."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": node_cpus})
-    try:
-        cluster.add_node(num_cpus=node_cpus)
-        cluster.wait_for_nodes()
-        yield cluster.address
-    finally:
-        cluster.shutdown()
+from impactrl.runtime.ray import two_node_cluster
 
 
 def return_at(records: list[dict], wall_time_s: float) -> float | None:

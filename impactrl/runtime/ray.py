@@ -30,6 +30,7 @@ Actors are owned by this process: Ray stops them when it exits, however it exits
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -43,7 +44,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -172,6 +173,21 @@ def apply_delta(held: dict[str, torch.Tensor], delta: dict, bound: float | None)
 
 def delta_bytes(delta: dict) -> int:
     return sum(sum(map(len, payload[-1])) if kind != "whole" else payload[0].nbytes for kind, *payload in delta.values())
+
+
+@contextlib.contextmanager
+def two_node_cluster(node_cpus: int) -> Iterator[str]:
+    """The address of a Ray cluster of two nodes simulated on this machine, each promising
+    ``node_cpus`` CPUs, shut down afterwards: the multi-node path without a second machine."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": node_cpus})
+    try:
+        cluster.add_node(num_cpus=node_cpus)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
 
 
 def first_line(error: BaseException) -> str:
