@@ -10,12 +10,11 @@ the milliseconds per step of each and the largest weight difference at the end (
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
-from learner_overhead import random_batch
+from learner_overhead import learner_benchmark_parser, random_batch
 
 from impactrl.algos import make_algorithm
 from impactrl.build import make_agent, run_tasks
@@ -25,12 +24,7 @@ from impactrl.runtime.learner import Learner
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="ALE/Pong-v5")
-    parser.add_argument("--algo", default="impala")
-    parser.add_argument("--steps", type=int, default=30, help="SGD steps per layout")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the learner's share of the cores)")
-    args = parser.parse_args()
+    args = learner_benchmark_parser(__doc__, "ALE/Pong-v5", 30).parse_args()
     torch.set_num_threads(args.threads)
     config = resolve_train_config(["--algo", args.algo, "--env", args.env, "--no-lr-decay"]).config
     tasks = run_tasks(config)

@@ -96,12 +96,18 @@ def bare_step(agent, optimizer, batch: Batch, config) -> None:
     optimizer.step()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", default="CartPole-v1")
+def learner_benchmark_parser(description: str, env: str, steps: int) -> argparse.ArgumentParser:
+    """The options every learner-step benchmark here takes."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default=env)
     parser.add_argument("--algo", default="impala")
-    parser.add_argument("--steps", type=int, default=300, help="SGD steps per variant")
+    parser.add_argument("--steps", type=int, default=steps, help="SGD steps per variant")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the learner's share of the cores)")
+    return parser
+
+
+def main() -> None:
+    parser = learner_benchmark_parser(__doc__, "CartPole-v1", 300)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = resolve_train_config(["--algo", args.algo, "--env", args.env, "--no-lr-decay"]).config
