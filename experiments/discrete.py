@@ -1,10 +1,11 @@
 """Claim (1): IMPACT needs less wall time than IMPALA on discrete tasks for equal or better reward.
 
     python experiments/discrete.py --out runs/discrete [--games MinAtar/Breakout-v1,...]
-        [--algos impala,impact] [--seeds 1,2,3] [--steps 1000000] [--extra "--env-backend envpool"]
+        [--algos impala,impact] [--seeds 1,2,3] [--steps 1000000] [--num-actors 2]
+        [--extra "--env-backend envpool"]
 
 One run per algorithm, game and seed (each algorithm with its presets for the game's family,
-2 actors), skipped when finished and continued when stopped (experiments/common.py). Writes,
+``--num-actors`` actors), skipped when finished and continued when stopped (experiments/common.py). Writes,
 per game, ``GAME-steps.png`` and ``GAME-time.png`` (``impactrl plot`` over env steps and over wall
 time) and ``table.md``: the final return (last 10% of the steps) and wall time per algorithm as
 mean ± std over seeds, and the wall time each needs to reach a common return, 90% of the lowest
