@@ -1,0 +1,95 @@
+"""The commands the docs show still run as written: their flags exist, and a train command's
+settings pass the same checks ``impactrl train`` makes before it starts a process.
+
+Placeholders stand for what the reader picks: RUN/RUNS/DIR (a directory), S (a seed), ALGO,
+GAME; ``[--flag value]`` is an option the reader may add. Commands that continue a run
+(``--resume``), elide flags (``...``), join a cluster that only the reader has, or stand inline
+in the prose (often sketches: ``impactrl bench --env ENV``) are checked for their flags only.
+"""
+
+import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from impactrl.cli import resolve_train_config, validate_train
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "experiments" / "README.md",
+        ROOT / "benchmarks" / "README.md"]
+COMMAND = re.compile(r"(impactrl|python (experiments|benchmarks)/\w+\.py) ")
+
+
+def documented_commands() -> list[tuple[str, str, bool]]:
+    """(doc name, command, whether it stands in a fenced code block) for each command the docs show."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        name = doc.relative_to(ROOT).as_posix()
+        for block in re.findall(r"```\w*\n(.*?)```", text, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                if COMMAND.match(line.strip()):
+                    found.append((name, line.strip(), True))
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        found += [(name, span, False) for span in re.findall(r"`([^`\n]+)`", prose) if COMMAND.match(span)]
+    return found
+
+
+def words(command: str) -> list[str]:
+    """The command's words with the placeholders filled in and optional flags taken."""
+    return ["1" if word == "S" else word.replace("GAME", "Breakout").replace("ALGO", "impala")
+            for word in shlex.split(command.replace("[", "").replace("]", ""), comments=True)]
+
+
+def flags_in(args: list[str]) -> set[str]:
+    return {arg.split("=", 1)[0] for arg in args if re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", arg)}
+
+
+@cache
+def flags_of(program: tuple[str, ...], negatable: bool = False) -> frozenset[str]:
+    """The --flags a program's --help lists (with ``negatable``, each also as --no-flag: how
+    `impactrl train` takes its booleans)."""
+    result = subprocess.run([sys.executable, *program, "--help"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    flags = set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout))
+    return frozenset(flags | {"--no-" + flag[2:] for flag in flags} if negatable else flags)
+
+
+TRAIN = ("-m", "impactrl", "train")
+
+
+def program_and_args(argv: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    if argv[0] == "impactrl":
+        return ("-m", "impactrl", argv[1]), argv[2:]
+    return (argv[1],), argv[2:]
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_show_commands():
+    docs = {doc for doc, _, _ in COMMANDS}
+    assert {"README.md", "docs/results.md", "docs/guide.md"} <= docs and len(COMMANDS) > 80
+
+
+@pytest.mark.parametrize("doc,command,fenced", COMMANDS, ids=[f"{doc}:{i}" for i, (doc, _, _) in enumerate(COMMANDS)])
+def test_a_documented_command_runs_as_written(doc: str, command: str, fenced: bool, tmp_path: Path):
+    program, args = program_and_args(words(command))
+    train = program[-1] == "train"
+    used = flags_in(args)
+    known = flags_of(program, train) | (flags_of(TRAIN, True) if program[-1] == "bench" else frozenset())
+    unknown = used - known  # (impactrl bench takes every train flag besides its own)
+    if "--extra" in args:  # an experiment's flags for every impactrl train it runs
+        unknown |= flags_in(shlex.split(args[args.index("--extra") + 1])) - flags_of(TRAIN, True)
+    assert not unknown, f"{doc}: `{command}` has flags its program lacks: {sorted(unknown)}"
+    if not (train and fenced) or "..." in command or {"--resume", "--ray-address"} & used:
+        return
+    if "--out" in args:
+        args[args.index("--out") + 1] = str(tmp_path / "run")
+    request = resolve_train_config(args)
+    validate_train(request.config, request.resume)
