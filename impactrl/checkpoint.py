@@ -8,7 +8,8 @@ nothing in a file is unpickled as code.
 Writing is atomic and verifiable: the file is serialised in memory, its SHA-256 written beside
 it (``NAME.pt.sha256``), both go to temporary names, are fsynced and renamed, and only then
 does ``latest.pt`` move; the newest ``keep`` are kept. Loading a run directory tries its
-checkpoints newest first and skips, with a warning, any that is truncated, fails its checksum
+checkpoints newest first (``latest.pt``'s first, so a copied run directory resumes where it
+stopped even when the copy reset the files' times) and skips, with a warning, any that is truncated, fails its checksum
 or does not load, so a crash while writing never costs more than one checkpoint interval.
 """
 
@@ -97,10 +98,17 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int) 
 
 
 def checkpoints_newest_first(directory: Path) -> list[Path]:
-    # By the time written, not the update count in the name: a run resumed from an older
-    # checkpoint writes lower counts than the branch it abandoned.
-    files = [p for p in directory.glob("ckpt_*.pt") if p.is_file() and not p.is_symlink()]
-    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    # First the one latest.pt names: copies that reset modification times (cp -r, scp) keep
+    # it, and scp turns it into a copy of that file. The rest by the time written, not the
+    # update count in the name: a run resumed from an older checkpoint writes lower counts than
+    # the branch it abandoned.
+    files = sorted((p for p in directory.glob("ckpt_*.pt") if p.is_file() and not p.is_symlink()),
+                   key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+    latest = directory / LATEST
+    if latest.is_symlink():
+        named = directory / os.readlink(latest)
+        return [named, *(p for p in files if p != named)] if named in files else files
+    return [latest, *files] if latest.is_file() else files
 
 
 def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Exact resume: a checkpoint restores every component of the learner's state, and a restored
 learner then takes exactly the steps the original takes (bit for bit, on the CPU)."""
 
+import os
+import shutil
 import time
 
 import pytest
@@ -100,3 +102,18 @@ def test_restored_learner_equals_the_saved_one_and_trains_identically(name, tmp_
     assert original.counters.updates == restored.counters.updates
     assert_same({k: v for k, v in original.state_dict().items() if k != "rng"},
                 {k: v for k, v in restored.state_dict().items() if k != "rng"})
+
+
+def test_a_copied_run_directory_loads_the_checkpoint_it_stopped_at(tmp_path):
+    """Copies reset modification times (cp -r, scp, an upload), by which the newest is found
+    otherwise: latest.pt still names it, or is a copy of it when the copy followed links."""
+    run = tmp_path / "run"
+    for updates in (10, 20, 30):
+        state = {key: updates for key in ("agent", "optimizer", "algorithm", "rng", "config")}
+        save_checkpoint(run, {**state, "learner": {"updates": updates}}, f"ckpt_{updates:010d}", keep=3)
+    for links, copy in ((True, tmp_path / "cp-r"), (False, tmp_path / "scp")):
+        shutil.copytree(run, copy, symlinks=links)
+        files = sorted((copy / "checkpoints").glob("ckpt_*.pt"))
+        for age, path in enumerate(files):  # the oldest checkpoint now looks the newest
+            os.utime(path, ns=(10**18 - age * 10**12,) * 2)
+        assert load_checkpoint(copy)["learner"]["updates"] == 30
