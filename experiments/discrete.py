@@ -5,11 +5,11 @@
         [--extra "--env-backend envpool"]
 
 One run per algorithm, game and seed (each algorithm with its presets for the game's family,
-``--num-actors`` actors), skipped when finished and continued when stopped (experiments/common.py). Writes,
-per game, ``GAME-steps.png`` and ``GAME-time.png`` (``impactrl plot`` over env steps and over wall
-time) and ``table.md``: the final return (last 10% of the steps) and wall time per algorithm as
-mean ± std over seeds, and the wall time each needs to reach a common return, 90% of the lowest
-of the algorithms' mean final returns.
+``--num-actors`` actors), skipped when finished and continued when stopped
+(experiments/common.py). Writes, per game, ``GAME-steps.png`` and ``GAME-time.png`` (``impactrl
+plot`` over env steps and over wall time) and ``table.md``: the final return (last 10% of the
+steps) and wall time per algorithm as mean ± std over seeds, and the wall time each needs to
+reach a common return, 90% of the lowest of the algorithms' mean final returns.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ Writing is atomic and verifiable: the file is serialised in memory, its SHA-256 
 it (``NAME.pt.sha256``), both go to temporary names, are fsynced and renamed, and only then
 does ``latest.pt`` move; the newest ``keep`` are kept. Loading a run directory tries its
 checkpoints newest first (``latest.pt``'s first, so a copied run directory resumes where it
-stopped even when the copy reset the files' times) and skips, with a warning, any that is truncated, fails its checksum
-or does not load, so a crash while writing never costs more than one checkpoint interval.
+stopped even when the copy reset the files' times) and skips, with a warning, any that is
+truncated, fails its checksum or does not load, so a crash while writing never costs more than
+one checkpoint interval.
 """
 
 from __future__ import annotations
