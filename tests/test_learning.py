@@ -21,20 +21,26 @@ def train_returns(run_dir: Path, *args: str, seed: int = 1) -> list[float]:
     return [r["episode_return_mean"] for r in map(json.loads, lines) if r["episode_return_mean"] is not None]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", ["impala", "impact"])
-def test_cartpole_reaches_450(tmp_path: Path, algo: str):
-    """The README's command: both reach 450 within 500k steps with the classic presets.
+def best_of_two_seeds(tmp_path: Path, bar: float, *args: str) -> tuple[float, Path]:
+    """The best mean return of seed 1, and of seed 2 when seed 1 stays under the bar.
 
     An asynchronous run is not reproducible step for step: seed 1 of IMPACT once peaked at 441
     on a loaded machine where it usually reaches 450 by 300k (docs/results.md: 165k-484k over
-    seeds). So seed 2 gets a second try, and the bar is that one of the two reaches 450."""
+    seeds), and CI saw Ray's IMPALA peak at 449.7. So the bar is that one of two seeds reaches it."""
     for seed in (1, 2):
         run_dir = tmp_path / f"seed{seed}"
-        best = max(train_returns(run_dir, "--algo", algo, "--env", "CartPole-v1", "--num-actors", "2",
-                                 "--total-env-steps", "500000", seed=seed))
-        if best >= 450:
+        best = max(train_returns(run_dir, *args, seed=seed))
+        if best >= bar:
             break
+    return best, run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["impala", "impact"])
+def test_cartpole_reaches_450(tmp_path: Path, algo: str):
+    """The README's command: both reach 450 within 500k steps with the classic presets."""
+    best, run_dir = best_of_two_seeds(tmp_path, 450, "--algo", algo, "--env", "CartPole-v1", "--num-actors", "2",
+                                      "--total-env-steps", "500000")
     assert best >= 450
     result = run_cli("eval", str(run_dir), "--episodes", "20", check=True)
     assert json.loads(result.stdout.splitlines()[-1])["return_mean"] >= 400
