@@ -136,7 +136,8 @@ def test_a_channels_last_learner_torso_computes_what_a_contiguous_one_does(torso
     learner_copy(frames).square().sum().backward()
     torch.testing.assert_close(learner_copy(frames), torso(frames))
     for mine, theirs in zip(learner_copy.parameters(), torso.parameters()):
-        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6)
+        # The two layouts sum in different orders: float32 rounding scales with the largest terms.
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5 * float(theirs.grad.abs().max()))
     # What the learner publishes loads into an actor's contiguous copy unchanged.
     actor = make_torso()
     actor.load_state_dict(learner_copy.state_dict())
