@@ -4,24 +4,32 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run_cli
+from impactrl.runtime.learner import RETURN_WINDOW
 
 
-def train_returns(run_dir: Path, *args: str, seed: int = 1) -> list[float]:
-    """Train through the CLI and read the mean returns it logged once a second.
+def best_return(run_dir: Path, bar: float, *args: str, seed: int = 1, stop_at_bar: bool = True) -> float:
+    """Train through the CLI until the last 100 episodes average ``bar`` (with ``stop_at_bar``)
+    or the budget ends, and return the best of the mean returns logged once a second and of the
+    last 100 episodes' mean.
 
-    The runs are asynchronous, so the step at which a log line lands depends on the machine's
-    load; the default 5 s interval gave a 15 s run three samples, and CI once saw 409 where the
-    same seed logged 450-500 for its last 200k steps at 1 s.
+    Stopping at the bar (``--stop-at-return``) ends most runs in half their budget, which keeps
+    CI within its time on a slow machine. The runs are asynchronous, so the step at which a log
+    line lands depends on the machine's load; the default 5 s interval gave a 15 s run three
+    samples, and CI once saw 409 where the same seed logged 450-500 for its last 200k steps at 1 s.
     """
-    run_cli("train", *args, "--seed", str(seed), "--log-interval-s", "1", "--out", str(run_dir), timeout=900,
+    stop = ["--stop-at-return", str(bar)] if stop_at_bar else []
+    run_cli("train", *args, *stop, "--seed", str(seed), "--log-interval-s", "1", "--out", str(run_dir), timeout=900,
             check=True)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r["episode_return_mean"] for r in map(json.loads, lines) if r["episode_return_mean"] is not None]
+    means = [r["episode_return_mean"] for r in map(json.loads, lines) if r["episode_return_mean"] is not None]
+    recent = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]["recent_returns"]
+    return max(means + ([sum(recent) / len(recent)] if len(recent) == RETURN_WINDOW else []))
 
 
-def best_of_two_seeds(tmp_path: Path, bar: float, *args: str) -> tuple[float, Path]:
+def best_of_two_seeds(tmp_path: Path, bar: float, *args: str, stop_at_bar: bool = True) -> tuple[float, Path]:
     """The best mean return of seed 1, and of seed 2 when seed 1 stays under the bar.
 
     An asynchronous run is not reproducible step for step: seed 1 of IMPACT once peaked at 441
@@ -29,7 +37,7 @@ def best_of_two_seeds(tmp_path: Path, bar: float, *args: str) -> tuple[float, Pa
     seeds), and CI saw Ray's IMPALA peak at 449.7. So the bar is that one of two seeds reaches it."""
     for seed in (1, 2):
         run_dir = tmp_path / f"seed{seed}"
-        best = max(train_returns(run_dir, *args, seed=seed))
+        best = best_return(run_dir, bar, *args, seed=seed, stop_at_bar=stop_at_bar)
         if best >= bar:
             break
     return best, run_dir
@@ -38,9 +46,11 @@ def best_of_two_seeds(tmp_path: Path, bar: float, *args: str) -> tuple[float, Pa
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["impala", "impact"])
 def test_cartpole_reaches_450(tmp_path: Path, algo: str):
-    """The README's command: both reach 450 within 500k steps with the classic presets."""
+    """The README's command: both reach 450 within 500k steps with the classic presets. The whole
+    budget, because the agent is evaluated after: stopped once its last 100 episodes reached 450,
+    an IMPACT agent once scored 141 over the 20 episodes (its newest weights in a dip)."""
     best, run_dir = best_of_two_seeds(tmp_path, 450, "--algo", algo, "--env", "CartPole-v1", "--num-actors", "2",
-                                      "--total-env-steps", "500000")
+                                      "--total-env-steps", "500000", stop_at_bar=False)
     assert best >= 450
     result = run_cli("eval", str(run_dir), "--episodes", "20", check=True)
     assert json.loads(result.stdout.splitlines()[-1])["return_mean"] >= 400
@@ -50,5 +60,5 @@ def test_cartpole_reaches_450(tmp_path: Path, algo: str):
 def test_lstm_learns_cartpole_without_velocities(run_dir: Path):
     """Memory is needed here; the full 1M-step run (≥ 300) is in docs/results.md. With 400k steps
     the async runs of one seed ended between 94 and 150; 600k leaves a margin (≈ 230 seen)."""
-    assert max(train_returns(run_dir, "--env", "impactrl/CartPoleNoVelocity-v1", "--use-lstm", "--lstm-size", "64",
-                             "--total-env-steps", "600000")) >= 120
+    assert best_return(run_dir, 120, "--env", "impactrl/CartPoleNoVelocity-v1", "--use-lstm", "--lstm-size", "64",
+                       "--total-env-steps", "600000") >= 120
