@@ -15,9 +15,9 @@ def best_return(run_dir: Path, bar: float, *args: str, seed: int = 1, stop_at_ba
     or the budget ends, and return the best of the mean returns logged once a second and of the
     last 100 episodes' mean.
 
-    Stopping at the bar (``--stop-at-return``) ends most runs in half their budget, which keeps
-    CI within its time on a slow machine. The runs are asynchronous, so the step at which a log
-    line lands depends on the machine's load; the default 5 s interval gave a 15 s run three
+    Stopping at the bar (``--stop-at-return``) ends a run once it has shown what it must, which
+    keeps CI within its time on a slow machine. The runs are asynchronous, so the step at which a
+    log line lands depends on the machine's load; the default 5 s interval gave a 15 s run three
     samples, and CI once saw 409 where the same seed logged 450-500 for its last 200k steps at 1 s.
     """
     stop = ["--stop-at-return", str(bar)] if stop_at_bar else []
