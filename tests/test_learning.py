@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import run_cli
+from impactrl.checkpoint import load_checkpoint
 from impactrl.runtime.learner import RETURN_WINDOW
 
 
@@ -25,7 +25,7 @@ def best_return(run_dir: Path, bar: float, *args: str, seed: int = 1, stop_at_ba
             check=True)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     means = [r["episode_return_mean"] for r in map(json.loads, lines) if r["episode_return_mean"] is not None]
-    recent = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]["recent_returns"]
+    recent = load_checkpoint(run_dir)["learner"]["recent_returns"]
     return max(means + ([sum(recent) / len(recent)] if len(recent) == RETURN_WINDOW else []))
 
 
