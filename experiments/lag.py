@@ -2,7 +2,7 @@
 3x worse on Pong).
 
     python experiments/lag.py --out runs/lag [--env MinAtar/Breakout-v1] [--queue-slots 3,6,12,24,48]
-        [--seeds 1,2] [--steps 1000000]
+        [--seeds 1,2,3] [--steps 1000000]
 
 The lag is controlled by the depth of the rollout queue: with the learner the slower side (as on
 MinAtar and Pong here), actors keep every slot full, so an unroll waits behind the others and the
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/lag"))
     parser.add_argument("--env", default="MinAtar/Breakout-v1")
     parser.add_argument("--queue-slots", default="3,6,12,24,48")
-    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--episodes", type=int, default=100, help="evaluation episodes per run (default 100)")
     args = parser.parse_args()
