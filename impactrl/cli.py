@@ -20,6 +20,7 @@ import yaml
 
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml, unread_settings
 from impactrl.errors import ActorFailed, TrainingDiverged, UserError
+from impactrl.runlock import check_unlocked, hold
 
 USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
 
@@ -133,6 +134,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
                         f"the {available / 2**30:.1f} GiB available: lower --unroll-length, --envs-per-actor, "
                         "--batch-size or --queue-slots")
     run_dir = config.run_dir()
+    check_unlocked(run_dir)  # a live run's own message, before "already holds files" or its checkpoint
     checkpoint = None
     if resume is not None:
         checkpoint = load_checkpoint(run_dir, checkpoint_name)
@@ -205,9 +207,10 @@ def train(argv: Sequence[str]) -> int:
     learner, spec = build_learner(config, checkpoint)
     run_dir = config.run_dir()
     create_run_dir(run_dir)
-    write_config(run_dir, config)
-    record_invocation(run_dir, ["train", *argv], checkpoint)
-    counters = run_training(config, learner, spec, run_dir, quiet)
+    with hold(run_dir):  # for the run's life: a second train on RUN_DIR is refused
+        write_config(run_dir, config)
+        record_invocation(run_dir, ["train", *argv], checkpoint)
+        counters = run_training(config, learner, spec, run_dir, quiet)
     print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
           f"{counters.wall_time_s:.1f}s; run in {run_dir}")
     return 0
