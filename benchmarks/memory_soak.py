@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from impactrl.metrics import read_metrics
+
 SCENARIOS = {
     "slow_learner": ["--algo", "impala", "--env", "CartPole-v1", "--num-actors", "2", "--hidden-sizes", "1024", "1024",
                      "--learner-threads", "1"],
@@ -84,7 +86,7 @@ def main() -> None:
     for name, run in runs.items():
         if run.returncode != 0:
             print(f"{name}: exit code {run.returncode}\n{run.stderr.read()[-2000:]}")
-        metrics = [json.loads(line) for line in (scratch / name / "metrics.jsonl").read_text().splitlines()]
+        metrics = read_metrics(scratch / name / "metrics.jsonl")
         waits = [m["time/learner_wait_fraction"] for m in metrics[1:]]
         steady = [pss for t, pss, _ in samples[name] if t >= args.warmup_minutes * 60]
         mean = sum(steady) / len(steady)

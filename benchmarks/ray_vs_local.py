@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from impactrl.bench import summarize
+from impactrl.metrics import read_metrics
 from impactrl.runtime.ray import two_node_cluster
 
 ENVS = ("CartPole-v1", "MinAtar/Breakout-v1", "ALE/Pong-v5")
@@ -96,7 +97,7 @@ def on_cluster(seconds: float, actor_counts: list[int], node_cpus: int, env: str
             sampler.join()
             if process.returncode != 0:
                 raise RuntimeError(stderr[-2000:])
-            records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            records = read_metrics(run_dir / "metrics.jsonl")
             info = json.loads((run_dir / "run_info.json").read_text())
             # An actor still starting (importing torch on an oversubscribed machine) has no entry yet.
             nodes = [incarnations[-1]["node_id"] for incarnations in info["actors"].values() if incarnations]
@@ -118,7 +119,7 @@ def train_ray(env: str, run_dir: Path, *flags: str) -> tuple[list[dict], dict]:
     subprocess.run([sys.executable, "-m", "impactrl", "train", "--algo", "impala", "--env", env, "--runtime", "ray",
                     "--num-actors", "2", "--log-interval-s", "2", "--out", str(run_dir), *flags],
                    capture_output=True, text=True, check=True)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir / "metrics.jsonl")
     return records, json.loads((run_dir / "run_info.json").read_text())
 
 

@@ -6,6 +6,8 @@ import os
 import time
 from pathlib import Path
 
+from impactrl.metrics import read_metrics
+
 parser = argparse.ArgumentParser()
 parser.add_argument("run", type=Path)
 parser.add_argument("target", type=float)
@@ -14,7 +16,7 @@ parser.add_argument("--seed", type=int)
 parser.add_argument("--started", type=float, help="epoch seconds when the command started")
 args = parser.parse_args()
 metrics = args.run / "metrics.jsonl"
-records = [json.loads(line) for line in metrics.read_text().splitlines()]
+records = read_metrics(metrics)
 hit = next((r for r in records if (r["episode_return_mean"] or float("-inf")) >= args.target), None)
 # Training time is measured by the learner; the command's own start-up (imports, spawning the
 # actors) is added from the file times so it is comparable with RLlib's time from ray.init.

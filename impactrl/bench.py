@@ -7,7 +7,6 @@ free slot or for new weights) and the learner's (waiting for data, training and 
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 
 from impactrl.data.rollout import ACTOR_STAGES
 from impactrl.errors import UserError
+from impactrl.metrics import read_metrics
 
 LEARNER_STAGES = ("wait", "train")
 
@@ -23,7 +23,7 @@ LEARNER_STAGES = ("wait", "train")
 def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
     """Throughput and time split over the metrics lines from ``warmup_s`` seconds after data first
     reached the learner (a loaded machine can take long to start the actors)."""
-    records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()]
+    records = read_metrics(metrics_path)
     flowing = next((r["wall_time_s"] for r in records if r["env_steps"] > 0), None)
     start = None if flowing is None else next(
         (i for i, r in enumerate(records) if r["wall_time_s"] >= flowing + warmup_s), None)

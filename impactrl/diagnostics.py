@@ -12,7 +12,6 @@ reported during it.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 from collections import Counter
@@ -25,6 +24,7 @@ import yaml
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs.tasks import task_ids
 from impactrl.errors import UserError
+from impactrl.metrics import read_metrics
 
 Records = list[dict[str, Any]]
 
@@ -368,15 +368,9 @@ def read_run(run_dir: Path) -> tuple[TrainConfig, Records]:
     run_dir = Path(run_dir)
     try:
         values = yaml.safe_load((run_dir / "config.yaml").read_text())
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        records = read_metrics(run_dir / "metrics.jsonl")
     except OSError as error:
         raise UserError(f"{run_dir} is not a run directory with metrics ({error.strerror}: {error.filename})") from None
-    records = []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # the line a running or killed run was writing
     if not records:
         raise UserError(f"{run_dir}/metrics.jsonl holds no metrics yet")
     return with_values(TrainConfig(), coerce(values, "config.yaml")), records

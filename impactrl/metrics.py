@@ -8,17 +8,20 @@ plus namespaced statistics (loss/..., vtrace/..., time/..., actor/<id>/...).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import numpy as np
 
 from impactrl.data.rollout import ACTOR_STAGES
+from impactrl.errors import UserError
 
 
 class MetricsWriter:
@@ -35,7 +38,9 @@ class MetricsWriter:
         from torch.utils.tensorboard import SummaryWriter
 
         self.wandb_run = wandb_run
-        self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        path = Path(run_dir) / "metrics.jsonl"
+        drop_torn_tail(path)  # a killed run's half line: the next one would glue onto it
+        self.jsonl = open(path, "ab", buffering=0)  # unbuffered: append_line's write is the file's
         self.log = open(Path(run_dir) / "train.log", "a", buffering=1)
         self.tensorboard = SummaryWriter(str(Path(run_dir) / "tb"))
         self.terminal = terminal
@@ -52,7 +57,7 @@ class MetricsWriter:
         self.latest_warning = ""
 
     def write(self, record: dict[str, Any]) -> None:
-        self.jsonl.write(json_line(record) + "\n")
+        append_line(self.jsonl, json_line(record))
         step = record["env_steps"]
         scalars = {key: value for key, value in flatten(record).items()
                    if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value)}
@@ -88,6 +93,54 @@ class MetricsWriter:
         self.tensorboard.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def append_line(file: BinaryIO, line: str) -> None:
+    """Append ``line`` whole or not at all: on a failed write (a full disk) the file is cut back to
+    its size before, so readers never meet half a line in the middle of the file."""
+    data = memoryview((line + "\n").encode())
+    start = file.seek(0, os.SEEK_END)
+    try:
+        while data:  # one write(2) in practice; a short one only when the disk fills up
+            data = data[file.write(data):]
+    except BaseException:
+        with contextlib.suppress(OSError):
+            file.truncate(start)
+        raise
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut ``path`` back to its last whole line: the half line a killed writer left would glue onto
+    the next one appended (one missing only its newline gets it)."""
+    if not path.exists():
+        return
+    with open(path, "r+b") as file:
+        data = file.read()
+        if not data or data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[start:])
+            file.write(b"\n")
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            file.truncate(start)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (every reader's). A last line that is not JSON is the one a
+    running (or killed) run is writing and is left out; one before it means a damaged file
+    (UserError). OSError when the file cannot be read."""
+    lines = [(number, line) for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1)
+             if line.strip()]
+    records = []
+    for number, line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if number == lines[-1][0]:
+                break
+            raise UserError(f"{path}: line {number} is not JSON (the file is damaged; delete that line)") from None
+    return records
 
 
 def json_line(record: dict[str, Any]) -> str:

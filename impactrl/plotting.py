@@ -8,7 +8,6 @@ steps (or the chosen x), with every single-task run on that task in the same pan
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -18,13 +17,14 @@ import numpy as np
 import yaml
 
 from impactrl.errors import UserError
+from impactrl.metrics import read_metrics
 
 
 def read_records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise UserError(f"{run_dir} has no metrics.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_metrics(path)
 
 
 def read_curve(run_dir: Path, x_key: str, y_key: str) -> tuple[list[float], list[float]]:

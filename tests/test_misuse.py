@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST
+from conftest import FAST, run_cli
 from impactrl.cli import main
 from impactrl.errors import UserError
 from impactrl.runlock import check_unlocked, hold
@@ -71,6 +72,47 @@ def test_a_second_writer_on_a_live_run_directory_is_refused_naming_the_pid(tmp_p
     check_unlocked(run_dir)
     with hold(run_dir):
         assert (run_dir / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_failed_write_leaves_no_half_line(tmp_path: Path):
+    """A real failed write: the file size limit (RLIMIT_FSIZE) stops the line partway."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"env_steps": 1}\n')
+    script = f"""
+import resource, signal
+from impactrl.metrics import append_line
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, ({path.stat().st_size + 100}, resource.RLIM_INFINITY))
+with open({str(path)!r}, "ab", buffering=0) as file:
+    try:
+        append_line(file, '{{"env_steps": 2, "padding": "{"x" * 500}"}}')
+    except OSError as error:
+        print(error.errno)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "27", result.stderr  # EFBIG
+    assert path.read_text() == '{"env_steps": 1}\n'
+
+
+@pytest.mark.slow  # trains with real processes
+def test_a_torn_last_metrics_line_is_skipped_by_readers_and_cut_by_resume(finished_run: Path, tmp_path: Path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    whole = metrics.read_text()
+    last = json.loads(whole.splitlines()[-1])
+    metrics.write_text(whole + '{"env_steps": 99999, "wall_ti')  # what a killed run leaves
+    assert cli(capsys, "diagnose", str(run_dir))[0] == 0
+    assert cli(capsys, "plot", str(run_dir), "--out", str(tmp_path / "curves.png"))[0] == 0
+
+    # In a process of its own: train sets signal handlers. The finished run's lock file (its pid) is taken over.
+    run_cli("train", "--resume", str(run_dir), "--total-env-steps", str(last["env_steps"] + 800), check=True)
+    lines = metrics.read_text().splitlines()
+    assert metrics.read_text().startswith(whole) and len(lines) > len(whole.splitlines())
+    assert all(json.loads(line)["env_steps"] >= last["env_steps"] for line in lines[len(whole.splitlines()):])
+
+    metrics.write_text(whole + "not json\n" + whole)  # damage inside the file is not skipped silently
+    assert "line" in one_line_error(capsys, "plot", str(run_dir), "--out", str(tmp_path / "c.png"))
 
 
 def write_metrics_run(run_dir: Path) -> Path:
