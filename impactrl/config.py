@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -489,9 +490,21 @@ def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
+class NumbersLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading numbers as users write them: YAML 1.1, which PyYAML follows,
+    makes ``1e-3`` and ``1E5`` strings (its floats need a dot and a signed exponent), where YAML 1.2
+    reads floats."""
+
+
+NumbersLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
+    """A ``--config`` file or preset: its settings, type-checked; UserError (one line) when it cannot be read."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.load(Path(path).read_text(), Loader=NumbersLoader)
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist") from None
     except (OSError, yaml.YAMLError) as error:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, run_cli
-from impactrl.cli import main
+from impactrl.cli import main, resolve_train_config
 from impactrl.errors import UserError
 from impactrl.runlock import check_unlocked, hold
 
@@ -113,6 +113,13 @@ def test_a_torn_last_metrics_line_is_skipped_by_readers_and_cut_by_resume(finish
 
     metrics.write_text(whole + "not json\n" + whole)  # damage inside the file is not skipped silently
     assert "line" in one_line_error(capsys, "plot", str(run_dir), "--out", str(tmp_path / "c.png"))
+
+
+def test_yaml_numbers_as_users_write_them(tmp_path: Path):
+    config_file = tmp_path / "lr.yaml"
+    config_file.write_text("env: CartPole-v1\nlearning_rate: 1e-3\nentropy_cost: 1E-2\ndiscount: .98\n")
+    config = resolve_train_config(["--config", str(config_file), "--out", str(tmp_path / "run")]).config
+    assert (config.learning_rate, config.entropy_cost, config.discount) == (1e-3, 1e-2, 0.98)
 
 
 def write_metrics_run(run_dir: Path) -> Path:
