@@ -7,8 +7,11 @@ written, and reported as one line on stderr with exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
+import io
+import re
 import shutil
 import signal
 import sys
@@ -39,6 +42,43 @@ FIXED_ON_RESUME = ("env", "algo", "torso", "hidden_sizes", "use_lstm", "lstm_siz
                    "popart")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are UserErrors: one line and exit code 2 like every other mistake,
+    not argparse's usage block."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def parse_train_flags(base: TrainConfig, args: list[str]) -> TrainConfig:
+    """tyro's parse of the train flags; its error box (nine lines for a bad number) becomes its
+    first paragraph, in one line."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            config = tyro.cli(TrainConfig, default=base, args=args, prog="impactrl train")
+    except SystemExit as exit_:
+        if exit_.code in (0, None):  # --help
+            raise
+        raise UserError(f"{box_message(captured.getvalue())} (see impactrl train --help)") from None
+    sys.stderr.write(captured.getvalue())  # tyro's warnings, if any
+    return config
+
+
+def box_message(text: str) -> str:
+    """The first paragraph of a tyro error box (the lines before its first rule), joined."""
+    lines = [line.strip().strip("│╭╮╰╯").strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()]
+    paragraph = []
+    for line in lines[1:]:  # lines[0] is the box's title
+        if set(line) <= set("─"):  # a rule, or an empty line
+            if paragraph:
+                break
+            continue
+        paragraph.append(line)
+    message = " ".join(paragraph) or " ".join(line for line in lines if line) or "cannot parse the flags"
+    return message.removeprefix("Error parsing ")
+
+
 class TrainRequest(NamedTuple):
     config: TrainConfig
     resume: Path | None  # the run directory to continue
@@ -48,7 +88,7 @@ class TrainRequest(NamedTuple):
 
 def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
     """Defaults < the presets (or the resumed run's config) < --config FILE.yaml < flags."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = ArgumentParser(prog="impactrl train", add_help=False)
     pre.add_argument("--config", type=Path)
     pre.add_argument("--resume", type=Path)
     pre.add_argument("--checkpoint")
@@ -87,7 +127,7 @@ def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
               "  --quiet               nothing on the terminal (RUN_DIR/train.log still gets every line)\n"
               "Defaults below are before presets: the env family's and the algorithm's (impactrl/configs/)\n"
               "apply on top of them.\n")
-    config = tyro.cli(TrainConfig, default=base, args=rest, prog="impactrl train")
+    config = parse_train_flags(base, rest)
     from impactrl.envs.tasks import tasks_family
 
     given = set(file_values) | {flag_name(arg) for arg in rest if arg.startswith("--")}
@@ -257,8 +297,8 @@ def interrupt(signum, frame) -> None:
 
 
 def evaluate(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="impactrl eval", description="Play episodes with a trained agent "
-                                     "(whole games, no episodic life) and print one JSON line.")
+    parser = ArgumentParser(prog="impactrl eval", description="Play episodes with a trained agent "
+                            "(whole games, no episodic life) and print one JSON line.")
     parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or a checkpoint file")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs (default 12345)")
@@ -289,7 +329,7 @@ def evaluate(argv: Sequence[str]) -> int:
 
 
 def plot(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="impactrl plot", description="Plot learning curves of runs into a PNG.")
+    parser = ArgumentParser(prog="impactrl plot", description="Plot learning curves of runs into a PNG.")
     parser.add_argument("runs", type=Path, nargs="+", help="run directories (each with metrics.jsonl)")
     parser.add_argument("--out", type=Path, default=Path("curves.png"), help="PNG to write (default curves.png)")
     parser.add_argument("--x", default="env_steps", help="x axis key (default env_steps; wall_time_s for time)")
@@ -309,8 +349,8 @@ def plot(argv: Sequence[str]) -> int:
 
 
 def diagnose(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="impactrl diagnose", description="Check a run's metrics against the "
-                                     "troubleshooting rules (docs/guide.md) and say what to change.")
+    parser = ArgumentParser(prog="impactrl diagnose", description="Check a run's metrics against the "
+                            "troubleshooting rules (docs/guide.md) and say what to change.")
     parser.add_argument("run", type=Path, help="run directory (finished or still running)")
     args = parser.parse_args(list(argv))
     from impactrl.diagnostics import report

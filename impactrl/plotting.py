@@ -113,6 +113,11 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     import matplotlib.pyplot as plt
 
     runs = [(Path(run_dir), read_records(run_dir)) for run_dir in run_dirs]
+    known = curve_keys([record for _, records in runs for record in records])
+    for flag, key in (("--x", x_key), ("--y", y_key)):
+        if key not in known:
+            raise UserError(f"{flag} {key}: no such key in the runs' metrics ("
+                            + (f"keys: {', '.join(sorted(known))})" if known else "they have no metrics lines yet)"))
     tasks: dict[str, str] = {}  # label -> env id, over the multi-task runs
     for run_dir, records in runs:
         if records and "task" in records[-1]:
@@ -159,6 +164,17 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(out)
-    plt.close(figure)
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out)
+    except OSError as error:
+        raise UserError(f"--out {out}: cannot write it ({error.strerror or error})") from None
+    finally:
+        plt.close(figure)
     return Path(out)
+
+
+def curve_keys(records: list[dict]) -> set[str]:
+    """The keys a curve can be drawn from: the records' numbers (null where not measured), and their tasks'."""
+    entries = [*records, *(entry for record in records for entry in record.get("task", {}).values())]
+    return {key for entry in entries for key, value in entry.items() if value is None or isinstance(value, (int, float))}

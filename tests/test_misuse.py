@@ -127,3 +127,24 @@ def write_metrics_run(run_dir: Path) -> Path:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"env_steps": x, "wall_time_s": x / 100,
                                                                "episode_return_mean": x / 10}) + "\n" for x in (0, 100, 200)))
     return run_dir
+
+
+def test_plot_names_the_keys_for_an_unknown_one_and_creates_the_output_folder(tmp_path: Path, capsys):
+    run = write_metrics_run(tmp_path / "run")
+    out = tmp_path / "missing" / "dir" / "x.png"
+    line = one_line_error(capsys, "plot", str(run), "--y", "nosuchkey", "--out", str(out))
+    assert "--y nosuchkey: no such key" in line and "episode_return_mean" in line and "wall_time_s" in line
+    assert not out.exists()
+    assert cli(capsys, "plot", str(run), "--out", str(out))[0] == 0 and out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["train", "--num-actors", "abc"], "--num-actors: invalid literal for int() with base 10: 'abc'"),
+    (["train", "--algo", "nope"], "invalid choice 'nope'"),
+    (["train", "--no-such-flag", "1"], "Unrecognized options: --no-such-flag"),
+    (["plot", "RUN", "--smooth", "x"], "argument --smooth: invalid float value: 'x'"),
+    (["eval", "RUN", "--episodes", "many"], "argument --episodes: invalid int value: 'many'"),
+])
+def test_a_bad_flag_value_is_one_line_with_a_help_hint(args: list[str], fragment: str, tmp_path: Path, capsys):
+    line = one_line_error(capsys, *args)
+    assert fragment in line and f"(see impactrl {args[0]} --help)" in line, line
