@@ -22,7 +22,7 @@ import tyro
 import yaml
 
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml, unread_settings
-from impactrl.errors import ActorFailed, TrainingDiverged, UserError
+from impactrl.errors import ActorFailed, TrainingDiverged, UserError, stopped
 from impactrl.runlock import check_unlocked, hold
 
 USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
@@ -374,8 +374,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"impactrl {argv[0]}: error: {error}", file=sys.stderr)
         sys.exit(2)
     except (ActorFailed, TrainingDiverged) as error:
-        print(f"impactrl {argv[0]}: {error}\nthe latest checkpoint is kept; continue with --resume", file=sys.stderr)
+        print(f"impactrl {argv[0]}: {stopped(error)}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("impactrl: interrupted; the latest checkpoint is kept (continue with --resume)", file=sys.stderr)
+    except KeyboardInterrupt as error:
+        print(f"impactrl: {stopped(error)}", file=sys.stderr)
         sys.exit(130)

@@ -75,11 +75,15 @@ class MetricsWriter:
 
     def message(self, text: str) -> None:
         """A line for the user (a restart, a warning): stderr and train.log."""
-        self.log.write(f"impactrl: {text}\n")
+        self.log_only(text)
         if self.bar is not None:
             self.bar.write(f"impactrl: {text}", file=sys.stderr)
         elif self.terminal is not None:
             print(f"impactrl: {text}", file=sys.stderr, flush=True)
+
+    def log_only(self, text: str) -> None:
+        """A line for train.log alone: one the CLI itself shows on the terminal (why the run stopped)."""
+        self.log.write(f"impactrl: {text}\n")
 
     def warn(self, text: str) -> None:
         self.latest_warning = text.split("]")[0].strip("[")  # the rule's name fits the bar

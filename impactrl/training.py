@@ -14,7 +14,7 @@ from impactrl.algos import make_algorithm
 from impactrl.build import make_agent, rollout_spec, run_tasks
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
-from impactrl.errors import UserError
+from impactrl.errors import ActorFailed, TrainingDiverged, UserError, stopped
 from impactrl.metrics import MetricsWriter
 from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
@@ -57,5 +57,8 @@ def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Pat
                            wandb_run=start_wandb(config, run_dir) if config.wandb_project else None)
     try:
         return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer)
+    except (KeyboardInterrupt, ActorFailed, TrainingDiverged) as error:
+        writer.log_only(stopped(error))  # cli.main shows it on the terminal, once the bar is closed
+        raise
     finally:
         writer.close()

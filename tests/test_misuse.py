@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -148,3 +149,15 @@ def test_plot_names_the_keys_for_an_unknown_one_and_creates_the_output_folder(tm
 def test_a_bad_flag_value_is_one_line_with_a_help_hint(args: list[str], fragment: str, tmp_path: Path, capsys):
     line = one_line_error(capsys, *args)
     assert fragment in line and f"(see impactrl {args[0]} --help)" in line, line
+
+
+@pytest.mark.slow  # trains with real processes
+def test_the_interruption_is_in_train_log(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    process = start_live_run(run_dir)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    message = "impactrl: interrupted; the latest checkpoint is kept (continue with --resume)"
+    assert message in stderr.splitlines()
+    assert (run_dir / "train.log").read_text().splitlines()[-1] == message
