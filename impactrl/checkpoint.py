@@ -19,8 +19,11 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import random
+import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -122,14 +125,29 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     if digest.exists() and digest.read_text().strip() != hashlib.sha256(data).hexdigest():
         raise UserError(f"checkpoint {path} fails its SHA-256 check (truncated or corrupt)")
     try:
-        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's warnings about a foreign pickle: load_failure says what matters
+            warnings.simplefilter("ignore")
+            state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch raises many types for a bad file
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"{path} is not a checkpoint file (torch.load failed: {reason})") from None
+        raise UserError(f"{path} is not a checkpoint file (torch.load failed: {load_failure(error)})") from None
     missing = sorted(set(REQUIRED_KEYS) - set(state)) if isinstance(state, dict) else list(REQUIRED_KEYS)
     if missing:
         raise UserError(f"{path} is not a checkpoint of this impactrl version (missing {', '.join(missing)})")
     return state
+
+
+def load_failure(error: Exception) -> str:
+    """Why torch.load refused a file, in one line. Never PyTorch's own advice to retry with
+    weights_only=False: that would run whatever code an untrusted file holds."""
+    text = str(error)
+    unsafe = re.search(r"GLOBAL (\S+) was not an allowed global", text)
+    if unsafe:
+        return (f"it holds a Python object ({unsafe.group(1)}); impactrl unpickles no objects from a file, "
+                "a checkpoint holds tensors and plain types only")
+    if isinstance(error, pickle.UnpicklingError):
+        return "its data is not a torch.save file of tensors and plain types (damaged, or another format)"
+    first = text.strip().split(". ")[0].splitlines()[0] if text.strip() else type(error).__name__
+    return first.split("weights_only")[0].rstrip(" ,;:(")  # torch's advice about weights_only, if any, cut off
 
 
 def load_checkpoint(path: Path, name: str | None = None, map_location: str | torch.device = "cpu") -> dict[str, Any]:

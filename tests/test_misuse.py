@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from conftest import FAST, run_cli
 from impactrl.cli import main, resolve_train_config
@@ -161,3 +163,10 @@ def test_the_interruption_is_in_train_log(tmp_path: Path):
     message = "impactrl: interrupted; the latest checkpoint is kept (continue with --resume)"
     assert message in stderr.splitlines()
     assert (run_dir / "train.log").read_text().splitlines()[-1] == message
+
+
+def test_a_checkpoint_holding_python_objects_is_refused_without_advice_to_unpickle_it(tmp_path: Path, capsys):
+    path = tmp_path / "foreign.pt"
+    torch.save({"agent": np.arange(3)}, path)  # a NumPy array pickles as a Python object
+    line = one_line_error(capsys, "eval", str(path))
+    assert "holds a Python object (numpy." in line and "weights_only" not in line, line
