@@ -32,10 +32,16 @@ class EpisodeVideos:
         self.env = env
         self.frames: list[np.ndarray] = []
         self.written: list[Path] = []
+        env_id = env.spec.id if env.spec else "this env"
         try:
             self.capture()
         except Exception as error:  # noqa: BLE001 - a renderer's missing package or unsupported mode
-            raise UserError(f"--video: cannot render {env.spec.id if env.spec else 'this env'} as frames: "
+            # Gymnasium wraps the ImportError of a missing renderer (pygame for classic control).
+            missing = next((e.name for e in (error, error.__cause__) if isinstance(e, ImportError) and e.name), None)
+            if missing is not None:
+                hint = 'pip install -e ".[video]" (or pip install pygame)' if missing == "pygame" else f"pip install {missing}"
+                raise UserError(f"--video: rendering {env_id} needs the {missing} package: {hint}") from None
+            raise UserError(f"--video: cannot render {env_id} as frames: "
                             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
 
     def capture(self) -> None:

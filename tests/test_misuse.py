@@ -170,3 +170,17 @@ def test_a_checkpoint_holding_python_objects_is_refused_without_advice_to_unpick
     torch.save({"agent": np.arange(3)}, path)  # a NumPy array pickles as a Python object
     line = one_line_error(capsys, "eval", str(path))
     assert "holds a Python object (numpy." in line and "weights_only" not in line, line
+
+
+@pytest.mark.slow  # trains with real processes
+def test_eval_video_of_cartpole_and_the_line_when_pygame_is_missing(finished_run: Path, tmp_path: Path, capsys,
+                                                                      monkeypatch):
+    videos = tmp_path / "videos"
+    with monkeypatch.context() as absent:
+        absent.setitem(sys.modules, "pygame", None)  # what an environment without pygame sees
+        line = one_line_error(capsys, "eval", str(finished_run), "--episodes", "1", "--video", str(videos))
+    assert 'rendering CartPole-v1 needs the pygame package: pip install -e ".[video]"' in line, line
+    code, out, err = cli(capsys, "eval", str(finished_run), "--episodes", "1", "--num-envs", "1", "--video", str(videos))
+    assert code == 0, err
+    written = json.loads(out.splitlines()[-1])["videos"]
+    assert [Path(path).name for path in written] == ["episode-000.mp4"] and Path(written[0]).stat().st_size > 0
