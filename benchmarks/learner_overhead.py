@@ -55,7 +55,7 @@ def random_batch(config, agent, tasks) -> Batch:
             tensor.copy_(torch.randn(tensor.shape, generator=generator))
         else:
             tensor.zero_()
-    batch, _ = store.gather(list(range(config.slots_per_batch)))
+    batch, _ = store.assemble(list(range(config.slots_per_batch)))
     batch["episode_return"].fill_(float("nan"))
     return batch
 

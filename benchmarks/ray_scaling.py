@@ -1,8 +1,8 @@
 """The learner-side costs that grow with actors under ``--runtime ray``, measured on this machine
 for docs/ray.md's "Scaling on paper".
 
-1. Copy-in and gather: the learner copies every unroll it receives into its own SlotStore
-   (64 actors x in_flight slots) and gathers a batch of 32 unrolls from it; per env preset.
+1. Assembly: the learner copies every unroll it receives once, into its columns of the batch
+   being filled; the time for a batch of 32 unrolls, per env preset.
 2. Calls: with 64 (or more) Ray actors that answer at once, how many calls per second the
    learner process submits and gets back (what bounds takes and set_weights per second).
 
@@ -21,34 +21,26 @@ import numpy as np
 import torch
 
 from impactrl.config import TrainConfig, preset_values
-from impactrl.data.rollout import SlotStore
+from impactrl.data.rollout import BatchAssembler, SlotStore, data_bytes
 from impactrl.envs import env_family
 from impactrl.training import build_learner
 
 
-def gather_cost(env: str, actors: int, in_flight: int, batch_unrolls: int, repeats: int) -> dict:
+def assemble_cost(env: str, batch_unrolls: int, repeats: int) -> dict:
     values = preset_values("impala", env_family(env))
     config = dataclasses.replace(TrainConfig(env=env), **{k: tuple(v) if isinstance(v, list) else v
                                                           for k, v in values.items()})
     _, spec = build_learner(config, None)
-    store = SlotStore(spec, actors * in_flight, shared=False)
-    incoming = {key: np.asarray(value[0]) for key, value in SlotStore(spec, 1, shared=False).data.items()}
-    copy_s = gather_s = 0.0
+    incoming, record, created_at = SlotStore(spec, 1, shared=False).unroll(0)
+    assembler = BatchAssembler(spec, batch_unrolls)
+    began = time.perf_counter()
     for _ in range(repeats):
-        slots = np.random.choice(store.num_slots, batch_unrolls, replace=False).tolist()
-        began = time.perf_counter()
-        for slot in slots:
-            target = store.slot_arrays(slot)
-            for key, value in incoming.items():
-                target[key][...] = value
-        copied = time.perf_counter()
-        store.gather(slots)
-        gather_s += time.perf_counter() - copied
-        copy_s += copied - began
-    unroll_bytes = sum(value.nbytes for value in incoming.values())
-    return {"part": "gather", "env": env, "actors": actors, "in_flight": in_flight, "batch_unrolls": batch_unrolls,
-            "unroll_bytes": unroll_bytes, "store_mib": unroll_bytes * store.num_slots / 2**20,
-            "copy_in_ms_per_batch": 1000 * copy_s / repeats, "gather_ms_per_batch": 1000 * gather_s / repeats}
+        for _ in range(batch_unrolls):
+            assembler.add(incoming, record, created_at)
+        assembler.take()
+    unroll_bytes = data_bytes(spec)
+    return {"part": "assemble", "env": env, "batch_unrolls": batch_unrolls, "unroll_bytes": unroll_bytes,
+            "frame_dedup": spec.frame_stack > 1, "assemble_ms_per_batch": 1000 * (time.perf_counter() - began) / repeats}
 
 
 def call_rate(actors: int, seconds: float, payload_bytes: int) -> dict:
@@ -82,12 +74,11 @@ def call_rate(actors: int, seconds: float, payload_bytes: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--actors", type=int, default=64)
-    parser.add_argument("--in-flight", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for env in ("CartPole-v1", "MinAtar/Breakout-v1", "ALE/Pong-v5"):
-        print(json.dumps(gather_cost(env, args.actors, args.in_flight, 32, 20)), flush=True)
+        print(json.dumps(assemble_cost(env, 32, 20)), flush=True)
     for payload in (0, 18_700):  # an empty call; the CartPole weights inline
         print(json.dumps(call_rate(args.actors, args.seconds, payload)), flush=True)
 

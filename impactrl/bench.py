@@ -2,11 +2,14 @@
 
 It trains for a fixed wall time in a scratch directory, drops the warm-up, and reports the
 end-to-end env steps per second with the actors' split (env stepping, inference, waiting for a
-free slot or for new weights) and the learner's (waiting for data, training and publishing).
+free slot or for new weights) and the learner's (receiving unrolls, assembling batches, moving
+them to the device, training, publishing). With ``--synthetic-actors N`` the actors replay
+recorded unrolls instead (runtime/synthetic.py): a load test of the learner's intake.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,9 +18,9 @@ import numpy as np
 
 from impactrl.data.rollout import ACTOR_STAGES
 from impactrl.errors import UserError
+from impactrl.runtime.learner import LEARNER_STAGES
 from impactrl.metrics import read_metrics
 
-LEARNER_STAGES = ("wait", "train")
 
 
 def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
@@ -55,6 +58,15 @@ def format_summary(summary: dict[str, Any], env: str, algo: str) -> str:
             f"(policy lag {summary['policy_lag_mean']:.1f})\n"
             f"  actors:  {actor}\n"
             f"  learner: {learner}")
+
+
+def learner_rss_mb() -> float:
+    """This process's resident memory now (Linux; NaN elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return float("nan")
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def scratch_dir() -> Path:

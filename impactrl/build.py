@@ -8,6 +8,7 @@ import torch
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
 from impactrl.envs import EnvOptions, EnvVector, make_env_vector
+from impactrl.envs.factory import env_family
 from impactrl.envs.tasks import TaskEnvs, TaskSet, assign_tasks, task_set
 from impactrl.errors import UserError
 from impactrl.models import Agent, build_agent
@@ -77,13 +78,16 @@ def make_agent(config: TrainConfig, tasks: TaskSet) -> Agent:
 def rollout_spec(config: TrainConfig, agent: Agent, tasks: TaskSet) -> RolloutSpec:
     head = agent.policy_head
     state = agent.initial_state(config.envs_per_actor)
+    obs_shape = tuple(tasks.observation_space.shape)
+    stacked = config.frame_dedup and env_family(tasks.ids[0]) == "atari" and config.frame_stack > 1 and len(obs_shape) == 3
     return RolloutSpec(
         unroll_length=config.unroll_length,
         num_envs=config.envs_per_actor,
-        obs_shape=tuple(tasks.observation_space.shape),
+        obs_shape=obs_shape,
         obs_dtype=torch.from_numpy(tasks.observation_space.sample()[None]).dtype,
         action_shape=tuple(head.action_shape),
         action_dtype=head.action_dtype,
         core_state_shapes=tuple(tuple(s.shape) for s in state),
         reward_norm=config.normalize_rewards,
+        frame_stack=config.frame_stack if stacked else 1,
     )

@@ -257,19 +257,35 @@ def train(argv: Sequence[str]) -> int:
 
 
 def bench(argv: Sequence[str]) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = ArgumentParser(prog="impactrl bench", add_help=False)
     pre.add_argument("--seconds", type=float, default=60.0)
     pre.add_argument("--warmup-seconds", type=float, default=15.0)
+    pre.add_argument("--synthetic-actors", type=int)
+    pre.add_argument("--actors-per-process", type=int)
+    pre.add_argument("--no-learning", action="store_true")
+    pre.add_argument("--json", action="store_true")
     known, rest = pre.parse_known_args(list(argv))
     if "-h" in rest or "--help" in rest:
-        print("impactrl bench [TRAIN FLAGS] [--seconds 60] [--warmup-seconds 15]\n\n"
-              "Train for --seconds in a scratch directory and report env steps/s after the warm-up,\n"
-              "with the actors' time split (env, inference, wait) and the learner's (wait, train).\n"
-              "Takes every flag of impactrl train (see impactrl train --help).")
+        print("impactrl bench [TRAIN FLAGS] [--seconds 60] [--warmup-seconds 15] [--synthetic-actors N\n"
+              "               [--actors-per-process K]] [--no-learning] [--json]\n\n"
+              "Train for --seconds in a scratch directory and report env steps/s after the warm-up, with\n"
+              "the actors' time split (env, inference, wait) and the learner's (receive, assemble, transfer,\n"
+              "train, publish). Takes every flag of impactrl train (see impactrl train --help).\n\n"
+              "  --synthetic-actors N    N simulated actors replay unrolls recorded from --env (no env step,\n"
+              "                          no inference) as fast as the learner takes them: its intake alone\n"
+              "  --actors-per-process K  simulated actors per process (default: N spread over the cores\n"
+              "                          the learner leaves)\n"
+              "  --no-learning           the learner receives, assembles, transfers and publishes, but takes\n"
+              "                          no SGD step\n"
+              "  --json                  print only one JSON object")
         return 0
     if not known.seconds > known.warmup_seconds >= 0:
         raise UserError(f"--seconds ({known.seconds}) must exceed --warmup-seconds ({known.warmup_seconds})")
-    from impactrl.bench import format_summary, scratch_dir, summarize
+    synthetic = synthetic_actors(known)
+    if synthetic is not None:
+        rest += ["--num-actors", str(known.synthetic_actors)]
+    from impactrl.bench import format_summary, learner_rss_mb, scratch_dir, summarize
+    from impactrl.data.rollout import data_bytes
     from impactrl.metrics import json_line
     from impactrl.training import build_learner, train as run_training
 
@@ -277,19 +293,48 @@ def bench(argv: Sequence[str]) -> int:
     config = resolve_train_config([*rest, "--out", str(run_dir), "--total-env-steps", str(10**12),
                                    "--max-wall-time-s", str(known.seconds), "--log-interval-s", "2",
                                    "--checkpoint-interval-s", str(10**9)]).config
+    if synthetic is not None and config.runtime != "local":
+        raise UserError("--synthetic-actors runs on the local runtime (--runtime local) so far")
     validate_train(config, None)
     learner, spec = build_learner(config, None)
+    learner.learn = not known.no_learning
     try:
         create_run_dir(run_dir)
         write_config(run_dir, config)
-        run_training(config, learner, spec, run_dir, quiet=True)
+        run_training(config, learner, spec, run_dir, quiet=True, synthetic=synthetic)
         summary = summarize(run_dir / "metrics.jsonl", known.warmup_seconds)
     finally:
         shutil.rmtree(run_dir.parent, ignore_errors=True)
-    print(format_summary(summary, config.env, config.algo))
-    print(json_line({"env": config.env, "algo": config.algo, "num_actors": config.num_actors,
-                     "envs_per_actor": config.envs_per_actor, **summary}))
+    step_bytes = data_bytes(spec) / (config.unroll_length * config.envs_per_actor)
+    result = {"env": config.env, "algo": config.algo, "runtime": config.runtime, "actors": config.num_actors,
+              "synthetic": synthetic is not None, "learning": learner.learn,
+              "actors_per_process": 1 if synthetic is None else synthetic.actors_per_process,
+              "envs_per_actor": config.envs_per_actor, "frame_dedup": spec.frame_stack > 1, **summary,
+              "bytes_per_s": summary["env_steps_per_s"] * step_bytes, "learner_rss_mb": learner_rss_mb()}
+    if not known.json:
+        print(format_summary(summary, config.env, config.algo))
+    print(json_line(result))
     return 0
+
+
+def synthetic_actors(known: argparse.Namespace):
+    """The simulated actors ``impactrl bench`` asked for, checked; None for real ones."""
+    if known.synthetic_actors is None:
+        if known.actors_per_process is not None:
+            raise UserError("--actors-per-process sets how --synthetic-actors share processes; add --synthetic-actors N")
+        return None
+    import os
+
+    from impactrl.runtime.synthetic import Synthetic
+
+    count = known.synthetic_actors
+    if count < 1:
+        raise UserError(f"--synthetic-actors must be >= 1, got {count}")
+    processes = max(1, (os.cpu_count() or 2) - 1)
+    per_process = known.actors_per_process or -(-count // processes)
+    if not 1 <= per_process <= count:
+        raise UserError(f"--actors-per-process must be between 1 and --synthetic-actors ({count}), got {per_process}")
+    return Synthetic(actors_per_process=per_process)
 
 
 def interrupt(signum, frame) -> None:

@@ -97,6 +97,9 @@ class TrainConfig:
     """Atari: action repeat, max-pooling the last two frames."""
     frame_stack: int = 4
     """Atari: frames stacked into one observation."""
+    frame_dedup: bool = True
+    """Atari: unrolls carry each frame once and the learner rebuilds the stacks (about 3x less
+    rollout memory and traffic); --no-frame-dedup carries whole stacks."""
     noop_max: int = 30
     """Atari: at most this many random no-ops after a reset."""
     sticky_action_prob: float | None = None
@@ -394,7 +397,7 @@ READ_ONLY_BY = {
                                                            "clip_c_threshold", "vtrace_lambda", "batch_size",
                                                            "max_policy_lag", "popart_beta")),
 }
-ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life")
+ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "frame_dedup")
 OPTIMIZER_SETTINGS = {"rmsprop": ("rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum"), "adam": ("adam_eps",)}
 
 

@@ -19,6 +19,7 @@ from impactrl.metrics import MetricsWriter
 from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
 from impactrl.runtime.learner import Learner, LearnerCounters
+from impactrl.runtime.synthetic import Synthetic
 
 
 def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner, RolloutSpec]:
@@ -52,11 +53,14 @@ def start_wandb(config: TrainConfig, run_dir: Path):
                       mode=os.environ.get("WANDB_MODE", "offline"))
 
 
-def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, quiet: bool = False) -> LearnerCounters:
+def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, quiet: bool = False,
+          synthetic: Synthetic | None = None) -> LearnerCounters:
+    """Run ``config`` on its runtime (with ``synthetic`` actors: ``impactrl bench --synthetic-actors``)."""
     writer = MetricsWriter(run_dir, config.total_env_steps, terminal=None if quiet else sys.stdout,
                            wandb_run=start_wandb(config, run_dir) if config.wandb_project else None)
     try:
-        return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer)
+        extra = {} if synthetic is None else {"synthetic": synthetic}
+        return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer, **extra)
     except (KeyboardInterrupt, ActorFailed, TrainingDiverged) as error:
         writer.log_only(stopped(error))  # cli.main shows it on the terminal, once the bar is closed
         raise

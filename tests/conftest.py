@@ -36,7 +36,7 @@ def collect(config, slots: int):
         actor.unroll(store.slot_arrays(slot))
         store.policy_version[slot] = 0
     actor.close()
-    return learner, [store.gather([slot])[0] for slot in range(slots)]
+    return learner, [store.assemble([slot])[0] for slot in range(slots)]
 
 
 @pytest.fixture

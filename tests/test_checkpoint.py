@@ -40,7 +40,7 @@ def unrolls(config: TrainConfig, learner, spec, count: int):
         store.record(slot, actor.record(policy_version=0), created_at=time.time())
     for actor in actors:
         actor.close()
-    return [store.gather([slot]) for slot in range(count)]
+    return [store.assemble([slot]) for slot in range(count)]
 
 
 def feed(learner, items, extra_updates: int) -> None:

@@ -1,5 +1,6 @@
 """The local runtime with real processes: slot layout, backpressure, metrics, resume, actor death."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -15,7 +17,9 @@ import yaml
 
 from conftest import FAST, run_cli
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import DeviceTransfer, RolloutSpec, SlotStore
+from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, data_bytes, restack_frames, to_device
+from impactrl.runtime.actor import Actor
+from impactrl.runtime.learner import LEARNER_STAGES
 from impactrl.runtime.local import LocalActors, SharedWeights, StopRequests
 from impactrl.training import build_learner
 
@@ -44,7 +48,7 @@ def test_gather_is_time_major_and_concatenates_envs():
             arrays["reward"][t] = [100 * slot + 10 * t + e for e in range(E)]
         store.policy_version[slot] = 7 + slot
         store.actor_id[slot] = slot
-    batch, meta = store.gather([2, 0])
+    batch, meta = store.assemble([2, 0])
     assert batch["reward"].shape == (T, 2 * E)
     assert batch["obs"].shape == (T + 1, 2 * E, 4)
     assert batch["reward"][1].tolist() == [210, 211, 10, 11]
@@ -52,23 +56,92 @@ def test_gather_is_time_major_and_concatenates_envs():
     assert meta["actor_id"].tolist() == [2, 2, 0, 0]
 
 
-def test_device_transfer_leaves_cpu_batches_alone():
+def reference_gather(store: SlotStore, indices: list[int]) -> dict[str, torch.Tensor]:
+    """The batch layout as the learner built it before copy-once batches: index_select, transpose."""
+    index = torch.as_tensor(indices)
+    batch = {}
+    for key, tensor in store.data.items():
+        chosen = tensor.index_select(0, index)
+        batch[key] = chosen.flatten(0, 1) if key.startswith("core_state_") else chosen.transpose(0, 1).flatten(1, 2)
+    return batch
+
+
+@pytest.mark.parametrize("spec", [
+    small_spec(),
+    dataclasses.replace(small_spec(), core_state_shapes=((3, 5), (3, 5)), num_envs=3),  # an LSTM's (h, c)
+    dataclasses.replace(small_spec(), reward_norm=True, action_shape=(2,), action_dtype=torch.float32),
+    RolloutSpec(unroll_length=4, num_envs=2, obs_shape=(4, 6, 6), obs_dtype=torch.uint8, action_shape=(),
+                action_dtype=torch.int64, frame_stack=4),
+], ids=["plain", "lstm", "continuous-reward-norm", "frames"])
+def test_copy_once_batches_equal_the_transposing_gather_for_every_field(spec):
+    store = SlotStore(spec, num_slots=4, shared=False)
+    generator = torch.Generator().manual_seed(0)
+    for tensor in store.tensors():
+        if tensor.dtype == torch.bool:
+            tensor.copy_(torch.rand(tensor.shape, generator=generator) < 0.5)
+        elif tensor.is_floating_point():
+            tensor.copy_(torch.randn(tensor.shape, generator=generator))
+        else:
+            tensor.copy_(torch.randint(0, 3, tensor.shape, generator=generator))  # task ids, actions, frames
+    store.stage_seconds.abs_()
+    batch, meta = store.assemble([3, 1, 2])
+    expected = reference_gather(store, [3, 1, 2])
+    assert batch.keys() == expected.keys()
+    for key in expected:
+        assert batch[key].dtype == expected[key].dtype and torch.equal(batch[key], expected[key]), key
+    E = spec.num_envs
+    assert meta["policy_version"].tolist() == store.policy_version[[3, 1, 2]].repeat_interleave(E).tolist()
+    assert torch.equal(meta["stage_seconds"], store.stage_seconds[[3, 1, 2]])
+    if spec.reward_norm:
+        assert torch.equal(meta["reward_stats"], store.reward_stats[[3, 1, 2]])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+def test_deduplicated_frames_rebuild_the_actors_stacks_bit_for_bit(backend):
+    """Real Atari envs, episodes cut every 7 steps and lives lost (episodic life), so unrolls hold
+    resets and irregular stacks; the learner's rebuilt observations equal what the agent saw."""
+    config = TrainConfig(env="ALE/Breakout-v5", envs_per_actor=3, unroll_length=20, max_episode_steps=7,
+                         env_backend=backend, batch_size=3)
+    learner, spec = build_learner(config, None)
+    assert spec.frame_stack == 4 and data_bytes(spec) * 2.9 < data_bytes(dataclasses.replace(spec, frame_stack=1))
+    actor = Actor(config, actor_id=0)
+    actor.agent.load_state_dict(learner.agent.state_dict())
+    store = SlotStore(spec, num_slots=1, shared=False)
+    seen, write = [], actor._write_inputs
+    actor._write_inputs = lambda arrays, t: (seen.append(actor.obs.copy()), write(arrays, t))
+    try:
+        for _ in range(6):
+            seen.clear()
+            actor.unroll(store.slot_arrays(0))
+            batch = restack_frames(store.assemble([0])[0])
+            assert batch["obs"].dtype == torch.uint8 and torch.equal(batch["obs"], torch.from_numpy(np.stack(seen)))
+    finally:
+        actor.close()
+    assert batch["first"][1:].any()
+
+
+def test_to_device_leaves_cpu_batches_alone():
     batch = {"obs": torch.arange(6.0).reshape(3, 2)}
-    assert DeviceTransfer(torch.device("cpu"))(batch)["obs"] is batch["obs"]
+    assert to_device(batch, torch.device("cpu"))["obs"] is batch["obs"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
-def test_device_transfer_reuses_pinned_buffers_without_overwriting_batches_in_flight():
-    transfer = DeviceTransfer(torch.device("cuda"))
-    first_cpu = {"obs": torch.randn(20, 64, 4, 84, 84), "action": torch.randint(0, 6, (20, 64))}
-    second_cpu = {key: value + 1 for key, value in first_cpu.items()}
-    first = transfer(first_cpu)
-    staging = transfer._staging["obs"]
-    second = transfer(second_cpu)
-    assert transfer._staging["obs"] is staging and staging.is_pinned()
-    torch.cuda.synchronize()
-    for key in first_cpu:
-        assert torch.equal(first[key].cpu(), first_cpu[key]) and torch.equal(second[key].cpu(), second_cpu[key])
+def test_pinned_assembled_batches_reach_the_device_intact():
+    spec = small_spec()
+    store = SlotStore(spec, num_slots=2, shared=False)
+    for tensor in store.tensors():
+        tensor.zero_()
+    assembler = BatchAssembler(spec, 2, pin_memory=True)
+    for round_ in range(3):
+        store.data["reward"].fill_(round_)
+        for slot in range(2):
+            assembler.add(*store.unroll(slot))
+        batch, _ = assembler.take()
+        assert batch["reward"].is_pinned()
+        moved = to_device(batch, torch.device("cuda"))
+        torch.cuda.synchronize()
+        assert (moved["reward"] == round_).all()
 
 
 def test_full_slots_make_actors_wait():
@@ -83,18 +156,29 @@ def test_full_slots_make_actors_wait():
     actors = LocalActors(config, learner, store, weights, ctx, print)
     actors.start_all()
     try:
+        # The learner reads until one batch (one slot here) is complete, then leaves the rest
+        # unread: the actor fills its other two slots and the freed one, then waits.
         deadline = time.monotonic() + 60
-        while len(actors.full) < 3 and time.monotonic() < deadline:
+        while not actors.assembler and time.monotonic() < deadline:
             actors._receive(1.0)
-        assert sorted(actors.full) == [0, 1, 2]
+        commits = actors.actors[0].commits
+        while not all(store.policy_version == 5) and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(2.0)  # the actor is now waiting for a free slot
         actors._receive(0.5)
-        assert len(actors.full) == 3 and actors.actors[0].process.is_alive()
-        assert store.policy_version.tolist() == [5, 5, 5]
-        # The unroll is consistent: x_T of a slot is x_0 of the next one the same actor wrote.
-        first, second = store.slot_arrays(actors.full[0]), store.slot_arrays(actors.full[1])
+        assert len(actors.assembler) == 1 and actors.assembler.filling == 0
+        assert commits.poll() and actors.actors[0].process.is_alive()
+        unread = 0
+        while commits.poll():
+            commits.recv()
+            unread += 1
+        assert unread == 3  # slots 1, 2 and the freed 0, each written once more: bounded
+        # The unroll is consistent: x_T of one unroll is x_0 of the next one the same actor wrote.
+        first, meta = actors.assembler.take()
+        assert meta["policy_version"].tolist() == [5, 5]
+        second = store.assemble([1])[0]
         assert (first["obs"][-1] == second["obs"][0]).all()
-        assert not torch.isnan(store.data["behaviour_log_prob"]).any()
+        assert not torch.isnan(first["behaviour_log_prob"]).any()
     finally:
         actors.stop_all()
 
@@ -103,6 +187,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_train_writes_contract_outputs(run_dir: Path):
     run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out", str(run_dir), *FAST, check=True)
     records = read_metrics(run_dir)
@@ -138,6 +223,7 @@ def start_training(run_dir: Path, *args: str, min_updates: int = 1) -> subproces
     raise AssertionError(f"training did not start: {process.communicate()[1][-2000:]}")
 
 
+@pytest.mark.slow
 def test_stopped_run_resumes_with_its_version_and_env_steps(run_dir: Path):
     process = start_training(run_dir, min_updates=40)
     try:
@@ -163,6 +249,7 @@ def test_stopped_run_resumes_with_its_version_and_env_steps(run_dir: Path):
     assert before["updates"] >= 40 and lags and max(lags) < 20
 
 
+@pytest.mark.slow
 def test_stop_at_return_ends_the_run_once_the_last_100_episodes_reach_it(run_dir: Path):
     # CartPole's random policy scores ~22 an episode; IMPALA passes 40 within a few ten thousand steps.
     run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "400000", "--stop-at-return", "40",
@@ -181,6 +268,7 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
     """Hopper with the PPO MuJoCo preset: Gaussian head, separate critic, obs/reward normalisation."""
     run_cli("train", "--algo", "ppo", "--env", "Hopper-v5", "--unroll-length", "256", "--num-minibatches", "4",
@@ -193,13 +281,32 @@ def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
     assert json.loads(result.stdout.splitlines()[-1])["episodes"] == 2
 
 
+@pytest.mark.slow
 def test_bench_reports_throughput_and_where_the_time_goes():
     result = run_cli("bench", "--env", "CartPole-v1", "--seconds", "20", "--warmup-seconds", "3", *FAST, check=True)
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["env_steps_per_s"] > 0
     actor = [summary[f"actor_{stage}_fraction"] for stage in ("env", "inference", "wait")]
     assert all(0 <= share <= 1 for share in actor) and abs(sum(actor) - 1) < 1e-6
-    assert 0 <= summary["learner_wait_fraction"] <= 1 and 0 <= summary["learner_train_fraction"] <= 1
+    learner = [summary[f"learner_{stage}_fraction"] for stage in LEARNER_STAGES]
+    assert all(0 <= share <= 1 for share in learner) and sum(learner) <= 1 + 1e-6 and learner[3] > 0
+
+
+@pytest.mark.slow
+def test_bench_with_synthetic_actors_loads_the_intake_alone():
+    """Simulated actors replay recorded Pong unrolls, several per process; without learning the
+    learner receives, assembles and publishes, and the JSON says what was measured."""
+    result = run_cli("bench", "--env", "ALE/Pong-v5", "--env-backend", "envpool", "--envs-per-actor", "2",
+                     "--batch-size", "4", "--synthetic-actors", "3", "--actors-per-process", "2", "--no-learning",
+                     "--json", "--seconds", "20", "--warmup-seconds", "3", "--log-interval-s", "0.5", check=True)
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1  # --json: the object alone
+    summary = json.loads(lines[-1])
+    assert summary["actors"] == 3 and summary["actors_per_process"] == 2 and summary["synthetic"]
+    assert not summary["learning"] and summary["frame_dedup"]
+    assert summary["env_steps_per_s"] > 0 and summary["bytes_per_s"] > 0 and summary["learner_rss_mb"] > 0
+    assert summary["policy_lag_mean"] >= 0 and summary["learner_train_fraction"] < 0.5
+    assert summary["learner_receive_fraction"] + summary["learner_assemble_fraction"] > 0
 
 
 def test_a_stop_signal_waits_for_the_learner_loop_and_a_second_one_raises():

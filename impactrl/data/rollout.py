@@ -19,6 +19,11 @@ of the real final observation, so the learner can bootstrap from it (ALGORITHMS.
 ``episode_return[t]`` is the undiscounted, unclipped return of a whole game that ended after
 a_t, NaN everywhere else. ``core_state`` is the recurrent state before x_0.
 
+Stacked frames (Atari: each x_t is the newest ``S`` frames) are stored once: with
+``spec.frame_stack = S`` a slot holds ``frames`` (each env's distinct frames, in the order they
+came) and ``frame_index`` ``[T+1, E, S]`` (which of them make x_t); the learner rebuilds
+``obs`` on its device with :func:`restack_frames`, bit for bit.
+
 Slots are preallocated; fresh ones are filled with sentinels (NaN, -1, False) so a read of
 unwritten data shows up in tests instead of passing as zeros.
 """
@@ -26,6 +31,8 @@ unwritten data shows up in tests instead of passing as zeros.
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,11 +56,23 @@ class RolloutSpec:
     action_dtype: torch.dtype
     core_state_shapes: tuple[tuple[int, ...], ...] = ()
     reward_norm: bool = False  # slots also carry the envs' reward-normalisation statistics
+    frame_stack: int = 1  # > 1: observations are stacks of this many frames, stored de-duplicated
+
+    @property
+    def frame_capacity(self) -> int:
+        """Frames one env's unroll can hold: the first stack, one new frame per step, and room for
+        ``frame_stack`` more that episode starts bring (an episodic-life reset skips one frame)."""
+        return self.unroll_length + 2 * self.frame_stack
 
     def fields(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         T, E = self.unroll_length, self.num_envs
+        if self.frame_stack > 1:
+            observations = {"frames": ((self.frame_capacity, E, *self.obs_shape[1:]), self.obs_dtype),
+                            "frame_index": ((T + 1, E, self.frame_stack), torch.int64)}
+        else:
+            observations = {"obs": ((T + 1, E, *self.obs_shape), self.obs_dtype)}
         fields = {
-            "obs": ((T + 1, E, *self.obs_shape), self.obs_dtype),
+            **observations,
             "first": ((T + 1, E), torch.bool),
             "prev_action": ((T + 1, E, *self.action_shape), self.action_dtype),
             "prev_reward": ((T + 1, E), torch.float32),
@@ -150,36 +169,171 @@ class SlotStore:
         if self.reward_stats is not None and record.reward_stats is not None:
             self.reward_stats[slot] = torch.from_numpy(record.reward_stats)
 
-    def gather(self, indices: list[int]) -> tuple[Batch, dict[str, torch.Tensor]]:
-        """Copy the given slots into one time-major batch ``[T(+1), len(indices) * E, ...]``.
+    def unroll(self, slot: int) -> tuple[dict[str, torch.Tensor], UnrollRecord, float]:
+        """A committed slot's data (views, no copies), its record and when it was committed."""
+        record = UnrollRecord(
+            actor_id=int(self.actor_id[slot]), policy_version=int(self.policy_version[slot]),
+            stage_seconds=dict(zip(ACTOR_STAGES, self.stage_seconds[slot].tolist())),
+            env_errors=int(self.env_errors[slot]),
+            reward_stats=None if self.reward_stats is None else self.reward_stats[slot].numpy())
+        return {key: tensor[slot] for key, tensor in self.data.items()}, record, float(self.created_at[slot])
 
-        Returns the batch and the per-unroll metadata (``actor_id``, ``policy_version``,
-        ``created_at``, each of shape ``[len(indices) * E]``; per slot ``slot_actor_id``,
-        ``stage_seconds`` ``[len(indices), len(ACTOR_STAGES)]``, ``env_errors`` and, with
-        ``spec.reward_norm``, ``reward_stats`` ``[len(indices), E, 3]``). Slots can be reused as
-        soon as this returns.
-        """
-        index = torch.as_tensor(indices, dtype=torch.int64)
-        batch: Batch = {}
-        for key, tensor in self.data.items():
-            chosen = tensor.index_select(0, index)  # [n, ..., E, ...]
-            if key.startswith("core_state_"):
-                batch[key] = chosen.flatten(0, 1)  # [n * E, H]
-            else:
-                # [n, T, E, ...] -> [T, n, E, ...] -> [T, n * E, ...]
-                batch[key] = chosen.transpose(0, 1).flatten(1, 2)
+    def assemble(self, slots: list[int]) -> tuple[Batch, dict[str, torch.Tensor]]:
+        """The given slots as one batch (see :class:`BatchAssembler`)."""
+        assembler = BatchAssembler(self.spec, len(slots))
+        for slot in slots:
+            assembler.add(*self.unroll(slot))
+        return assembler.take()
+
+
+class BatchAssembler:
+    """Unrolls in, time-major batches ``[T(+1), n * E, ...]`` of ``n = unrolls_per_batch`` out,
+    each unroll copied once, into its columns of a batch allocated when its first unroll came.
+
+    A new buffer per batch, since algorithms keep batches (IMPACT's buffer, PPO's epochs); on a
+    CUDA learner it is pinned, so the copy to the device reads it directly (PyTorch's pinned
+    allocator reuses a block only once the copies out of it have finished).
+
+    ``take`` returns the oldest full batch and its per-unroll metadata: ``actor_id``,
+    ``policy_version``, ``created_at`` (each ``[n * E]``) and per unroll ``slot_actor_id``,
+    ``stage_seconds`` ``[n, len(ACTOR_STAGES)]``, ``env_errors`` and, with ``spec.reward_norm``,
+    ``reward_stats`` ``[n, E, 3]``.
+    """
+
+    def __init__(self, spec: RolloutSpec, unrolls_per_batch: int, pin_memory: bool = False):
+        self.spec = spec
+        self.size = unrolls_per_batch
+        self.pin_memory = pin_memory
+        self.full: deque[tuple[Batch, list]] = deque()
+        self._batch: Batch | None = None
+        self._records: list[tuple[UnrollRecord, float]] = []
+        self.seconds = 0.0  # spent copying, for the learner's time split
+
+    def __len__(self) -> int:
+        """Full batches ready to take."""
+        return len(self.full)
+
+    @property
+    def filling(self) -> int:
+        """Unrolls in the batch being filled."""
+        return len(self._records)
+
+    def _allocate(self) -> Batch:
+        n, E = self.size, self.spec.num_envs
+        batch = {}
+        for key, (shape, dtype) in self.spec.fields().items():
+            shape = (n * shape[0], *shape[1:]) if key.startswith("core_state_") else (shape[0], n * E, *shape[2:])
+            batch[key] = torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
+        return batch
+
+    def add(self, arrays: dict, record: UnrollRecord, created_at: float) -> None:
+        """Copy one unroll (``spec.fields()``, as tensors or arrays) into the batch being filled."""
+        began = time.perf_counter()
+        if self._batch is None:
+            self._batch = self._allocate()
         E = self.spec.num_envs
+        columns = slice(len(self._records) * E, (len(self._records) + 1) * E)
+        for key, target in self._batch.items():
+            value = torch.as_tensor(arrays[key])
+            if key.startswith("core_state_"):
+                target[columns] = value
+            else:
+                target[:, columns] = value
+        self._records.append((record, created_at))
+        if len(self._records) == self.size:
+            self.full.append((self._batch, self._records))
+            self._batch, self._records = None, []
+        self.seconds += time.perf_counter() - began
+
+    def take(self) -> tuple[Batch, dict[str, torch.Tensor]]:
+        batch, records = self.full.popleft()
+        E = self.spec.num_envs
+        actor_ids = torch.tensor([record.actor_id for record, _ in records], dtype=torch.int64)
         meta = {
-            "actor_id": self.actor_id.index_select(0, index).repeat_interleave(E),
-            "policy_version": self.policy_version.index_select(0, index).repeat_interleave(E),
-            "created_at": self.created_at.index_select(0, index).repeat_interleave(E),
-            "slot_actor_id": self.actor_id.index_select(0, index),
-            "stage_seconds": self.stage_seconds.index_select(0, index),
-            "env_errors": self.env_errors.index_select(0, index),
+            "actor_id": actor_ids.repeat_interleave(E),
+            "policy_version": torch.tensor([r.policy_version for r, _ in records], dtype=torch.int64).repeat_interleave(E),
+            "created_at": torch.tensor([at for _, at in records], dtype=torch.float64).repeat_interleave(E),
+            "slot_actor_id": actor_ids,
+            "stage_seconds": torch.tensor([[r.stage_seconds[stage] for stage in ACTOR_STAGES] for r, _ in records],
+                                          dtype=torch.float64),
+            "env_errors": torch.tensor([r.env_errors for r, _ in records], dtype=torch.int64),
         }
-        if self.reward_stats is not None:
-            meta["reward_stats"] = self.reward_stats.index_select(0, index)
+        if self.spec.reward_norm:
+            meta["reward_stats"] = torch.stack([torch.as_tensor(r.reward_stats, dtype=torch.float64) for r, _ in records])
         return batch, meta
+
+
+class FramePacker:
+    """Actor side of frame de-duplication: writes each step's stack ``[E, S, ...]`` into a slot's
+    ``frames`` and ``frame_index`` so that every distinct frame is stored once per env.
+
+    A stack that is the previous one shifted by one frame (the common case) adds its newest frame;
+    any other (the unroll's first stack, an episode start) reuses what equals a frame of the
+    previous stack or its own previous frame (padding), and adds the rest. Equality is checked
+    bytewise, so :func:`restack_frames` gives back exactly the stacks written.
+    """
+
+    def __init__(self, capacity: int, num_envs: int):
+        self.capacity = capacity  # spec.frame_capacity
+        self.count = np.zeros(num_envs, dtype=np.int64)  # frames used per env
+        self.previous: np.ndarray | None = None
+
+    def write(self, arrays: dict[str, np.ndarray], t: int, obs: np.ndarray) -> None:
+        frames, index = arrays["frames"], arrays["frame_index"]
+        if t == 0:
+            self.count[:] = 0
+            irregular = range(len(obs))
+        else:
+            shifted = (obs[:, :-1] == self.previous[:, 1:]).reshape(len(obs), -1).all(axis=1)
+            envs = np.flatnonzero(shifted)
+            if len(envs):
+                self._check_room(envs, 1)
+                frames[self.count[envs], envs] = obs[envs, -1]
+                index[t, envs, :-1] = index[t - 1, envs, 1:]
+                index[t, envs, -1] = self.count[envs]
+                self.count[envs] += 1
+            irregular = np.flatnonzero(~shifted)
+        for env in irregular:
+            self._write_irregular(frames, index, t, int(env), obs[env])
+        self.previous = obs.copy()
+
+    def _write_irregular(self, frames: np.ndarray, index: np.ndarray, t: int, env: int, stack: np.ndarray) -> None:
+        known = [] if t == 0 else [(self.previous[env, k], index[t - 1, env, k]) for k in range(len(stack))]
+        for k, frame in enumerate(stack):
+            if k > 0 and np.array_equal(frame, stack[k - 1]):
+                index[t, env, k] = index[t, env, k - 1]
+                continue
+            match = next((at for old, at in known if np.array_equal(frame, old)), None)
+            if match is None:
+                self._check_room([env], 1)
+                match = self.count[env]
+                frames[match, env] = frame
+                self.count[env] += 1
+            index[t, env, k] = match
+
+    def _check_room(self, envs, frames: int) -> None:
+        if (self.count[envs] + frames > self.capacity).any():
+            raise FrameRoomExceeded(
+                f"frame de-duplication: an env's unroll brought more than {self.capacity} distinct frames (episodes "
+                "shorter than a few steps?); run with --no-frame-dedup")
+
+
+class FrameRoomExceeded(Exception):
+    """More distinct frames in one env's unroll than a slot has room for."""
+
+
+def restack_frames(batch: Batch) -> Batch:
+    """The batch with ``obs`` ``[T+1, B, S, ...]`` rebuilt from ``frames`` ``[F, B, ...]`` and
+    ``frame_index`` ``[T+1, B, S]`` (on their device; one gather); batches without frames as they are."""
+    if "frames" not in batch:
+        return batch
+    batch = dict(batch)
+    frames, index = batch.pop("frames"), batch.pop("frame_index")
+    F, B, *frame_shape = frames.shape
+    # Rows of frames.view(F * B, ...) are frame f of column b at f * B + b: one row-wise index_select.
+    rows = (index * B + torch.arange(B, device=index.device)[None, :, None]).flatten()
+    batch["obs"] = frames.reshape(F * B, -1).index_select(0, rows).view(*index.shape, *frame_shape)
+    return batch
 
 
 def keep_unrolls(batch: Batch, keep: torch.Tensor) -> Batch:
@@ -194,32 +348,9 @@ def core_state(batch: Batch) -> tuple[torch.Tensor, ...]:
     return tuple(batch[f"core_state_{i}"] for i in range(count))
 
 
-class DeviceTransfer:
-    """Moves batches to the learner's device; to a GPU through reusable pinned staging buffers.
-
-    Pinning a fresh batch costs a page-locked allocation each time; instead each field is
-    copied into a buffer pinned once, and the host-to-device copy runs asynchronously from it.
-    Before a buffer is overwritten, the previous copy out of it must have finished: a CUDA
-    event recorded after the copies is waited on first.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._staging: dict[str, torch.Tensor] = {}
-        self._copied: torch.cuda.Event | None = None
-
-    def __call__(self, batch: Batch) -> Batch:
-        if self.device.type == "cpu":
-            return batch
-        if self._copied is not None:
-            self._copied.synchronize()
-        moved = {}
-        for key, value in batch.items():
-            staging = self._staging.get(key)
-            if staging is None or staging.shape != value.shape or staging.dtype != value.dtype:
-                staging = self._staging[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-            staging.copy_(value)
-            moved[key] = staging.to(self.device, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
-        return moved
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """The batch on ``device``; from pinned memory (a CUDA learner's assembled batches) the copy
+    is asynchronous, so it overlaps what the learner does next."""
+    if device.type == "cpu":
+        return batch
+    return {key: value.to(device, non_blocking=value.is_pinned()) for key, value in batch.items()}

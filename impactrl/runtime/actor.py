@@ -32,7 +32,7 @@ import torch
 
 from impactrl.build import env_tasks, make_agent, make_training_envs, run_tasks
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import ACTOR_STAGES, UnrollRecord
+from impactrl.data.rollout import ACTOR_STAGES, FramePacker, FrameRoomExceeded, UnrollRecord
 from impactrl.envs import EnvVector
 from impactrl.errors import EnvBroken
 from impactrl.models import Agent, AgentInput
@@ -93,6 +93,7 @@ class Actor:
         self.agent.eval()
         self._start_episodes()
         self.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
+        self.packer: FramePacker | None = None  # made by the first unroll into a slot with de-duplicated frames
         torch.manual_seed(env_seed(config, actor_id, 0, generation))
 
     def _start_envs(self, reward_stats: np.ndarray | None) -> None:
@@ -164,19 +165,17 @@ class Actor:
     def unroll(self, arrays: dict[str, np.ndarray]) -> None:
         """Write one unroll of T steps into ``arrays`` (the fields of a rollout slot)."""
         head = self.agent.policy_head
+        if "frames" in arrays and self.packer is None:
+            self.packer = FramePacker(len(arrays["frames"]), self.config.envs_per_actor)
         for i, state in enumerate(self.core_state):
             arrays[f"core_state_{i}"][...] = state.numpy()
         arrays["truncation_value"].fill(0.0)
         arrays["task"][...] = self.env_tasks
         for t in range(self.config.unroll_length):
-            arrays["obs"][t] = self.obs
-            arrays["first"][t] = self.first
-            arrays["prev_action"][t] = self.prev_action
-            arrays["prev_reward"][t] = self.prev_reward
+            self._write_inputs(arrays, t)
             began = time.perf_counter()
             policy, _, next_core_state = self._forward(
-                arrays["obs"][t], arrays["prev_action"][t], arrays["prev_reward"][t], arrays["first"][t],
-                self.core_state)
+                self.obs, arrays["prev_action"][t], arrays["prev_reward"][t], arrays["first"][t], self.core_state)
             action, log_prob = head.sample_with_log_prob(policy)
             arrays["behaviour_log_prob"][t] = log_prob.numpy()
             action = action.numpy()
@@ -186,11 +185,20 @@ class Actor:
             self.stage_seconds["inference"] += inferred - began
             self.stage_seconds["env"] += time.perf_counter() - inferred
             self.core_state = next_core_state
-        T = self.config.unroll_length
-        arrays["obs"][T] = self.obs
-        arrays["first"][T] = self.first
-        arrays["prev_action"][T] = self.prev_action
-        arrays["prev_reward"][T] = self.prev_reward
+        self._write_inputs(arrays, self.config.unroll_length)
+
+    def _write_inputs(self, arrays: dict[str, np.ndarray], t: int) -> None:
+        """x_t and what comes with it: the observation (its new frames only, with a packer)."""
+        if self.packer is not None:
+            try:
+                self.packer.write(arrays, t, self.obs)
+            except FrameRoomExceeded as error:
+                raise EnvBroken(f"actor {self.actor_id}: {error}") from None
+        else:
+            arrays["obs"][t] = self.obs
+        arrays["first"][t] = self.first
+        arrays["prev_action"][t] = self.prev_action
+        arrays["prev_reward"][t] = self.prev_reward
 
     def _step_envs(self, t: int, action: np.ndarray, core_state, arrays: dict[str, np.ndarray]) -> None:
         try:

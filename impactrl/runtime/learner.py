@@ -39,7 +39,7 @@ import torch
 from impactrl.algos.base import Algorithm, make_optimizer, to_floats
 from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
-from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, DeviceTransfer, keep_unrolls
+from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, BatchAssembler, keep_unrolls, restack_frames, to_device
 from impactrl.diagnostics import LiveDiagnostics
 from impactrl.envs.tasks import task_ids, task_labels
 from impactrl.errors import ActorFailed, TrainingDiverged
@@ -48,6 +48,8 @@ from impactrl.models import DEAD_UNIT_SAMPLE, Agent
 
 
 class BatchSource(Protocol):
+    assembler: BatchAssembler  # where received unrolls become batches; its ``seconds`` are the assembly time
+
     def next_batch(self, timeout_s: float) -> tuple[Batch, dict[str, torch.Tensor]] | None:
         """A batch ``[T(+1), B, ...]`` and per-unroll metadata, or None after ``timeout_s``."""
 
@@ -71,6 +73,10 @@ class LearnerCounters:
     env_steps_by_task: dict[str, int] = field(default_factory=dict)  # several tasks: env steps consumed per task
     recent_returns: list[float] = field(default_factory=list)  # the last RETURN_WINDOW episodes' returns
 
+
+# Where the learner's time goes: waiting for unrolls, copying them into batches, moving batches to
+# the device (and rebuilding stacked frames), the algorithm's work (SGD steps), publishing weights.
+LEARNER_STAGES = ("receive", "assemble", "transfer", "train", "publish")
 
 RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
 
@@ -98,10 +104,10 @@ class Learner:
 
     def __init__(self, config: TrainConfig, agent: Agent, algorithm: Algorithm, device: torch.device):
         self.config = config
+        self.learn = True  # False (impactrl bench --no-learning): batches are taken, versions advance, no SGD
         self.agent = agent
         self.algorithm = algorithm
         self.device = device
-        self.to_device = DeviceTransfer(device)
         self.autocast = (functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
                          if config.learner_precision == "bfloat16" else contextlib.nullcontext)
         self.optimizer = make_optimizer(config, agent.parameters())
@@ -109,6 +115,7 @@ class Learner:
         self._unseen_obs: list[torch.Tensor] = []
         self.skipped_in_a_row = 0
         self.wall_time_progress = 0.0  # the share of max_wall_time_s spent in this invocation
+        self.stage_seconds = dict.fromkeys(LEARNER_STAGES, 0.0)  # since the last metrics line
         # Each actor's envs' reward normalisers as of its last consumed unroll: saved in
         # checkpoints and handed to a restarted or resumed actor.
         self.reward_stats = (torch.full((config.num_actors, config.envs_per_actor, REWARD_STATS_SIZE), float("nan"),
@@ -134,14 +141,20 @@ class Learner:
         progress = max(self.counters.env_steps / c.total_env_steps, self.wall_time_progress)
         return c.learning_rate * max(0.0, 1.0 - progress)
 
-    def add(self, batch: Batch) -> None:
-        """Hand a fresh batch from the actors to the algorithm; it counts as consumed env steps."""
-        batch = self.to_device(batch)
+    def add(self, batch: Batch) -> Batch:
+        """Hand a fresh batch from the actors to the algorithm (on the device, with its stacked
+        frames rebuilt); it counts as consumed env steps. Returns the batch as handed over."""
+        began = time.perf_counter()
+        batch = restack_frames(to_device(batch, self.device))
+        moved = time.perf_counter()
         if self.agent.obs_norm is not None:
             self._unseen_obs.append(batch["obs"][:-1].flatten(0, 1))
         with self.autocast():
             self.algorithm.add_batch(batch)
         self.counters.env_steps += batch["reward"].numel()
+        self.stage_seconds["transfer"] += moved - began
+        self.stage_seconds["train"] += time.perf_counter() - moved
+        return batch
 
     def dead_units(self, obs: torch.Tensor) -> dict[str, float]:
         """The torso's dead ReLU units (``dead_unit_fractions``) on a batch's observations
@@ -157,6 +170,9 @@ class Learner:
             train_batch = self.algorithm.next_batch()
             if train_batch is None:
                 return None
+            if not self.learn:
+                self.counters.updates += 1
+                return {}
             loss, stats = self.algorithm.loss(train_batch)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
@@ -246,8 +262,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
     # Steps/s count from the first batch: the actors' start-up would make the first rate look tiny.
     rate_since: float | None = None
     steps_at_last_log = counters.env_steps
-    waited = trained = 0.0
     last_obs: torch.Tensor | None = None  # the newest batch's observations, for the dead-unit count
+    stages = learner.stage_seconds
     weights.publish(learner.agent, counters.updates)
 
     def return_reached() -> bool:
@@ -255,7 +271,7 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                 and float(np.mean(counters.recent_returns)) >= config.stop_at_return)
 
     def log_line() -> None:
-        nonlocal last_log, rate_since, steps_at_last_log, waited, trained
+        nonlocal last_log, rate_since, steps_at_last_log
         now = time.monotonic()
         counters.wall_time_s = now - start
         summary = interval.summary()
@@ -273,8 +289,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
             "updates_skipped": counters.updates_skipped,
             "unrolls_dropped": counters.unrolls_dropped,
             **summary,
-            "time/learner_wait_fraction": waited / max(now - last_log, 1e-9),
-            "time/learner_train_fraction": trained / max(now - last_log, 1e-9),
+            "time/learner_wait_fraction": ((stages["receive"] + stages["assemble"]) / max(now - last_log, 1e-9)),
+            **{f"time/learner_{stage}_fraction": seconds / max(now - last_log, 1e-9) for stage, seconds in stages.items()},
         }
         if last_obs is not None:
             record.update(learner.dead_units(last_obs))
@@ -291,7 +307,8 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
         interval.reset()
         if record["env_steps_per_s"] is not None:
             rate_since, steps_at_last_log = now, counters.env_steps
-        last_log, waited, trained = now, 0.0, 0.0
+        last_log = now
+        stages.update(dict.fromkeys(stages, 0.0))
 
     def checkpoint() -> None:
         nonlocal last_checkpoint
@@ -310,9 +327,10 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                 learner.wall_time_progress = 1.0 - (deadline - time.monotonic()) / config.max_wall_time_s
             must_wait = learner.algorithm.wants_data()
             if must_wait or (learner.algorithm.takes_ready_data() and counters.env_steps < config.total_env_steps):
-                began = time.monotonic()
+                began, assembled = time.perf_counter(), source.assembler.seconds
                 item = source.next_batch(timeout_s=1.0 if must_wait else 0.0)
-                waited += time.monotonic() - began
+                stages["assemble"] += source.assembler.seconds - assembled
+                stages["receive"] += max(0.0, time.perf_counter() - began - (source.assembler.seconds - assembled))
                 if item is None and must_wait:
                     continue
             else:
@@ -342,17 +360,18 @@ def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_
                         steps = counters.env_steps_by_task.get(labels[task], 0) + count * config.unroll_length
                         counters.env_steps_by_task[labels[task]] = steps
                 interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
-                last_obs = batch["obs"]
-                learner.add(batch)
+                last_obs = learner.add(batch)["obs"]
                 if rate_since is None:
                     rate_since, steps_at_last_log = time.monotonic(), counters.env_steps
-            began = time.monotonic()
+            began = time.perf_counter()
             stats = learner.update()
+            stages["train"] += time.perf_counter() - began
             if stats is not None:
                 interval.add(stats)
                 if learner.algorithm.publish_now():
+                    began = time.perf_counter()
                     weights.publish(learner.agent, counters.updates)
-            trained += time.monotonic() - began
+                    stages["publish"] += time.perf_counter() - began
             if time.monotonic() - last_log >= config.log_interval_s:
                 log_line()
             if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:

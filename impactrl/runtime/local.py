@@ -3,17 +3,18 @@
 Data flow (the only channels there are)::
 
     actor i --(slot index, its commit pipe)--> learner        unroll data stays in the SlotStore
-    learner --(slot index, actor i's return pipe)--> actor i  the slot is free again once gathered
+    learner --(slot index, actor i's return pipe)--> actor i  the slot is free again once the learner
+                                                              has copied it into the batch being filled
     learner --(SharedWeights, a seqlock)--> actors            read at unroll boundaries
     actor i --(heartbeat time, shared array)--> learner       read by the supervisor
 
-Every slot belongs to one actor (slot s to actor s mod A): memory is bounded per actor, and
-when an actor dies the learner knows which slots it held. Each pipe has one writer and one
-reader and every message is one atomic pipe write, so no lock exists that a killed process could
-take with it (an ``mp.Queue`` reader blocks holding one, and a SIGKILL there deadlocked every
-other actor). The supervisor restarts an actor that died or stopped sending heartbeats, with a
-new generation of seeds, the latest weights and its reward normalisers, and gives it back the
-slots it held; a budget of restarts per actor and time window stops a run that keeps failing.
+Every slot belongs to one actor (slot s to actor s mod A): memory is bounded per actor, and the
+learner frees a slot as soon as it has copied it, so a restarted actor owns all its slots again.
+Each pipe has one writer and one reader and every message is one atomic pipe write, so no lock
+exists that a killed process could take with it (an ``mp.Queue`` reader blocks holding one, and a
+SIGKILL there deadlocked every other actor). The supervisor restarts an actor that died or
+stopped sending heartbeats, with a new generation of seeds, the latest weights and its reward
+normalisers; a budget of restarts per actor and time window stops a run that keeps failing.
 Actors exit when the learner process disappears (parent-death signal on Linux, a parent check
 everywhere), so a SIGKILLed learner leaves no processes behind.
 """
@@ -38,12 +39,13 @@ import torch
 import torch.multiprocessing as mp
 
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import RolloutSpec, SlotStore, UnrollRecord
+from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, UnrollRecord
 from impactrl.errors import ActorFailed, EnvBroken
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
 from impactrl.runtime.learner import Learner, LearnerCounters, count_restart, run_learner
+from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
 
 
 STARTUP_GRACE_S = 60.0
@@ -73,6 +75,10 @@ class SharedWeights:
 
     def publication(self) -> int:
         return self._sequence.value // 2
+
+    def version(self) -> int:
+        """The newest published version (a synthetic actor tags its unrolls with it, loading nothing)."""
+        return self._version.value
 
     def load_into(self, agent: Agent) -> tuple[int, int]:
         """The newest weights into ``agent`` (waiting for the first publish); (version, publication)."""
@@ -110,6 +116,15 @@ class ActorEndpoint:
             except EOFError:  # the learner is gone
                 return None
         return self.free.popleft()
+
+    def try_acquire(self) -> int | None:
+        """A free slot now, or None (a synthetic process serves several actors in turn)."""
+        try:
+            while self.returns.poll():
+                self.free.append(self.returns.recv())
+        except EOFError:  # the learner is gone; should_stop says so next
+            pass
+        return self.free.popleft() if self.free else None
 
     def arrays(self, slot: int) -> dict[str, np.ndarray]:
         return self.store.slot_arrays(slot)
@@ -153,13 +168,30 @@ def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: 
         raise SystemExit(1) from error
 
 
+def synthetic_process(config: TrainConfig, synthetic: Synthetic, actor_ids: list[int], generation: int,
+                      weights: SharedWeights, store: SlotStore, slots: list[list[int]], returns: list[Connection],
+                      commits: list[Connection], heartbeats: torch.Tensor, stop, parent_pid: int) -> None:
+    """One process of simulated actors (``impactrl bench --synthetic-actors``): see runtime/synthetic.py."""
+    exit_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+
+    def should_stop() -> bool:
+        return bool(stop.value) or os.getppid() != parent_pid
+
+    sinks = [ActorEndpoint(store, actor_id, own, back, out, heartbeats, should_stop)
+             for actor_id, own, back, out in zip(actor_ids, slots, returns, commits)]
+    recorded, reward_stats = record_unrolls(config, store.spec, actor_ids[0], generation, weights,
+                                            synthetic.recorded_unrolls)
+    replay(recorded, reward_stats, sinks, weights.version, should_stop, lambda timeout: wait(returns, timeout))
+
+
 @dataclass
 class ActorHandle:
     """The learner's view of one actor: its process, pipes, slots and failure history."""
 
     actor_id: int
     slots: list[int]
-    held: set[int] = field(default_factory=set)  # its committed slots the learner has not freed yet
     process: mp.Process | None = None
     commits: Connection | None = None
     returns: Connection | None = None
@@ -173,8 +205,9 @@ class LocalActors:
     """Actor processes and their channels: the learner's BatchSource, and their supervisor."""
 
     def __init__(self, config: TrainConfig, learner: Learner, store: SlotStore, weights: SharedWeights,
-                 ctx: mp.context.BaseContext, report: Callable[[str], None]):
+                 ctx: mp.context.BaseContext, report: Callable[[str], None], synthetic: Synthetic | None = None):
         self.config = config
+        self.synthetic = synthetic  # actors that replay recorded unrolls, several per process
         self.report = report  # a line for the user: restarts, long waits
         self.learner = learner
         self.store = store
@@ -184,44 +217,61 @@ class LocalActors:
         self.heartbeats = torch.zeros(config.num_actors, dtype=torch.float64).share_memory_()
         self.actors = [ActorHandle(i, list(range(i, store.num_slots, config.num_actors)))
                        for i in range(config.num_actors)]
-        self.full: deque[int] = deque()
+        per_process = 1 if synthetic is None else synthetic.actors_per_process
+        self.groups = [self.actors[i:i + per_process] for i in range(0, config.num_actors, per_process)]
+        self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.waited_s = 0.0  # in next_batch since the last batch
         self.wait_reported = False
 
     # --- processes ----------------------------------------------------------------------------
-    def start(self, actor: ActorHandle) -> None:
+    def start(self, group: list[ActorHandle]) -> None:
+        """Start one process for the actors of ``group`` (one actor, or simulated ones)."""
         counters = self.learner.counters
-        actor.generation = max(counters.updates, actor.generation + 1)
-        returns_reader, actor.returns = self.ctx.Pipe(duplex=False)
-        actor.commits, commits_writer = self.ctx.Pipe(duplex=False)
-        free = [slot for slot in actor.slots if slot not in actor.held]
-        # Until its first heartbeat an actor gets STARTUP_GRACE_S more, for imports and env start-up
-        # (a loaded machine took many seconds; a short stall timeout killed actors still starting).
-        self.heartbeats[actor.actor_id] = time.monotonic() + STARTUP_GRACE_S
-        actor.process = self.ctx.Process(
-            target=actor_process, name=f"impactrl-actor-{actor.actor_id}", daemon=True,
-            args=(self.config, actor.actor_id, actor.generation, self.weights, self.store, free, returns_reader,
-                  commits_writer, self.heartbeats, self.stop, self.learner.reward_stats_of(actor.actor_id), os.getpid()))
-        actor.process.start()
-        # Only the actor keeps these ends: its death closes the commit pipe, ours its return pipe.
-        returns_reader.close()
-        commits_writer.close()
+        readers, writers = [], []
+        for actor in group:
+            actor.generation = max(counters.updates, actor.generation + 1)
+            returns_reader, actor.returns = self.ctx.Pipe(duplex=False)
+            actor.commits, commits_writer = self.ctx.Pipe(duplex=False)
+            readers.append(returns_reader)
+            writers.append(commits_writer)
+            # Until its first heartbeat an actor gets STARTUP_GRACE_S more, for imports and env start-up
+            # (a loaded machine took many seconds; a short stall timeout killed actors still starting).
+            self.heartbeats[actor.actor_id] = time.monotonic() + STARTUP_GRACE_S
+        lead = group[0]
+        if self.synthetic is None:
+            process = self.ctx.Process(
+                target=actor_process, name=f"impactrl-actor-{lead.actor_id}", daemon=True,
+                args=(self.config, lead.actor_id, lead.generation, self.weights, self.store, lead.slots, readers[0],
+                      writers[0], self.heartbeats, self.stop, self.learner.reward_stats_of(lead.actor_id), os.getpid()))
+        else:
+            process = self.ctx.Process(
+                target=synthetic_process, name=f"impactrl-synthetic-{lead.actor_id}", daemon=True,
+                args=(self.config, self.synthetic, [actor.actor_id for actor in group], lead.generation, self.weights,
+                      self.store, [actor.slots for actor in group], readers, writers, self.heartbeats, self.stop,
+                      os.getpid()))
+        process.start()
+        for actor, returns_reader, commits_writer in zip(group, readers, writers):
+            actor.process = process
+            # Only the actor keeps these ends: its death closes the commit pipe, ours its return pipe.
+            returns_reader.close()
+            commits_writer.close()
 
     def start_all(self) -> None:
-        for actor in self.actors:
-            self.start(actor)
+        for group in self.groups:
+            self.start(group)
 
     def stop_all(self) -> None:
         self.stop.value = 1
         deadline = time.monotonic() + 10.0
-        for actor in self.actors:
-            if actor.process is None:
-                continue
-            actor.process.join(timeout=max(deadline - time.monotonic(), 0.1))
-            if actor.process.is_alive():
-                actor.process.kill()
-                actor.process.join(timeout=2.0)
-            self._close_pipes(actor)
+        for group in self.groups:
+            process = group[0].process
+            if process is not None:
+                process.join(timeout=max(deadline - time.monotonic(), 0.1))
+                if process.is_alive():
+                    process.kill()
+                    process.join(timeout=2.0)
+            for actor in group:
+                self._close_pipes(actor)
 
     @staticmethod
     def _close_pipes(actor: ActorHandle) -> None:
@@ -232,23 +282,28 @@ class LocalActors:
 
     # --- the supervisor -----------------------------------------------------------------------
     def check_health(self) -> None:
-        """Restart actors that died or hung; ActorFailed when one cannot go on."""
+        """Restart actor processes that died or hung; ActorFailed when one cannot go on."""
         now = time.monotonic()
-        for actor in self.actors:
-            if not actor.process.is_alive():
-                self._drain(actor)  # what it sent before dying: committed slots, its traceback
-                self._restart(actor, f"died with exit code {actor.process.exitcode}")
-            elif now - self.heartbeats[actor.actor_id].item() > self.config.actor_stall_timeout_s:
-                actor.process.kill()
-                actor.process.join(timeout=5.0)
-                self._drain(actor)
-                actor.last_error = None
-                self._restart(actor, f"sent no heartbeat for {self.config.actor_stall_timeout_s:g} s (hung)")
+        timeout = self.config.actor_stall_timeout_s
+        for group in self.groups:
+            process = group[0].process
+            if not process.is_alive():
+                for actor in group:
+                    self._drain(actor)  # what it sent before dying: committed slots, its traceback
+                self._restart(group, f"died with exit code {process.exitcode}")
+            elif any(now - self.heartbeats[actor.actor_id].item() > timeout for actor in group):
+                process.kill()
+                process.join(timeout=5.0)
+                for actor in group:
+                    self._drain(actor)
+                    actor.last_error = None
+                self._restart(group, f"sent no heartbeat for {timeout:g} s (hung)")
 
-    def _restart(self, actor: ActorHandle, reason: str) -> None:
+    def _restart(self, group: list[ActorHandle], reason: str) -> None:
         config = self.config
+        actor = next((actor for actor in group if actor.last_error), group[0])
         trace = f"\n{actor.last_error.rstrip()}" if actor.last_error else ""
-        if actor.fatal:
+        if any(actor.fatal for actor in group):
             raise ActorFailed(f"actor {actor.actor_id} {reason}:{trace}")
         try:
             restarts = count_restart(config, self.learner.counters, actor.actor_id, actor.restarts, reason)
@@ -258,22 +313,25 @@ class LocalActors:
         self.report(f"actor {actor.actor_id} {reason}{': ' + last_line if last_line else ''}; restarting it with "
                     f"the latest weights ({restarts} of {config.max_actor_restarts} restarts allowed in "
                     f"{config.actor_restart_window_s:g} s)")
-        self._close_pipes(actor)
-        actor.last_error = None
-        self.start(actor)
+        for member in group:
+            self._close_pipes(member)
+            member.last_error = None
+        self.start(group)
 
     # --- BatchSource --------------------------------------------------------------------------
-    def _drain(self, actor: ActorHandle) -> None:
-        """Read every message the actor has sent: committed slots, or a failure report."""
+    def _drain(self, actor: ActorHandle, until_batch: bool = False) -> None:
+        """Read the messages the actor has sent (committed slots, or a failure report): all of
+        them, or ``until_batch`` only until a batch is complete, so that slots left unread hold
+        the actors back while the learner is behind (backpressure)."""
         connection = actor.commits
         try:
-            while connection is not None and connection.poll():
+            while connection is not None and not (until_batch and self.assembler) and connection.poll():
                 message = connection.recv()
                 if isinstance(message, tuple):
                     _, actor.fatal, actor.last_error = message
                 else:
-                    actor.held.add(message)
-                    self.full.append(message)
+                    self.assembler.add(*self.store.unroll(message))
+                    self._free(message)
         except (EOFError, OSError):
             # It is gone and everything it sent is read; check_health restarts it. Closed now,
             # or wait() would report the pipe ready again and again until then.
@@ -286,30 +344,25 @@ class LocalActors:
             time.sleep(min(timeout_s, 0.05))
             return
         for connection in wait(list(live), timeout=timeout_s):
-            self._drain(live[connection])
+            self._drain(live[connection], until_batch=True)
 
     def next_batch(self, timeout_s: float):
-        """Learner side: wait for ``slots_per_batch`` written slots, copy them out, free them."""
+        """Learner side: the next batch of ``slots_per_batch`` unrolls, each copied into it (and its
+        slot freed) as it arrived; None if none is complete after ``timeout_s``."""
         began = time.monotonic()
-        needed = self.config.slots_per_batch
         self._receive(0.0)
-        while len(self.full) < needed:
+        while not self.assembler:
             remaining = began + timeout_s - time.monotonic()
             if remaining <= 0:
                 self.waited_s += time.monotonic() - began
                 self._report_long_wait()
                 return None
             self._receive(remaining)
-        indices = [self.full.popleft() for _ in range(needed)]
-        batch = self.store.gather(indices)
-        for slot in indices:
-            self._free(slot)
         self.waited_s, self.wait_reported = 0.0, False
-        return batch
+        return self.assembler.take()
 
     def _free(self, slot: int) -> None:
         owner = self.actors[slot % self.config.num_actors]
-        owner.held.discard(slot)
         try:
             owner.returns.send(slot)
         except OSError:
@@ -319,7 +372,7 @@ class LocalActors:
         if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
             self.wait_reported = True
             alive = sum(actor.process.is_alive() for actor in self.actors)
-            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
+            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({self.assembler.filling} of "
                         f"{self.config.slots_per_batch} unrolls ready, {alive} of {len(self.actors)} actors alive)")
 
 
@@ -352,13 +405,15 @@ class StopRequests:
         self.requested = True
 
 
-def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:
-    """Start the actors, run the learner loop here until the step budget is spent, stop them."""
+def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+        synthetic: Synthetic | None = None) -> LearnerCounters:
+    """Start the actors (or ``synthetic`` ones), run the learner loop here until the step budget
+    is spent, stop them."""
     torch.set_num_threads(learner_threads(config))
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.num_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)  # actors wait for run_learner's first publish
-    actors = LocalActors(config, learner, store, weights, ctx, writer.message)
+    actors = LocalActors(config, learner, store, weights, ctx, writer.message, synthetic)
     with StopRequests() as stops:
         def check_health() -> None:
             if stops.requested:

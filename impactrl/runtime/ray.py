@@ -9,14 +9,14 @@ Data flow (the only channels there are)::
              the learner holds unrolls of that actor it has not trained on yet
     actor i -> learner: the reply to a take: one queued unroll and its UnrollRecord (Ray keeps
              a reply over 100 KiB in the object store, owned by the learner); the learner
-             copies it into its own SlotStore, and gathers batches from there
+             copies it once, into the batch being filled
     learner -> actors: the weights, once per publication (at most every ``publish_interval``
              updates; PPO's every one), ride on take calls, and on set_weights for actors
              whose takes are all out (a PPO actor waits for them); inline when small, else
              ray.put once and passed by reference; optionally as deltas (``weight_delta``)
 
 So memory is bounded whatever the speed ratio: per actor at most ``in_flight`` unrolls queued
-in the actor, ``in_flight`` replies in flight and ``in_flight`` in the learner's SlotStore.
+in the actor, ``in_flight`` replies in flight and ``in_flight`` in the learner's batches.
 
 Faults are Ray's to repair: actors are created with ``max_restarts=-1``, so Ray restarts a
 killed worker (or an actor whose node left the cluster, on a node that has room) in a fresh
@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from impactrl.config import TrainConfig, ray_actor_resources
-from impactrl.data.rollout import RolloutSpec, SlotStore, UnrollRecord
+from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, UnrollRecord
 from impactrl.errors import ActorFailed, EnvBroken, UserError
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
@@ -387,7 +387,7 @@ class ActorHandle:
     handle: object
     generation: int
     pending: set = field(default_factory=set)  # take calls out
-    held: int = 0  # its unrolls in the learner's SlotStore
+    held: int = 0  # its unrolls in batches the learner has not taken yet
     sent_publication: int = 0
     last_reply: float = field(default_factory=time.monotonic)
     probe: object = None  # a silent_s call out, and when it was sent
@@ -406,9 +406,7 @@ class RayActors:
         self.config, self.learner, self.weights, self.run_dir = config, learner, weights, run_dir
         self.report = report  # a line for the user: restarts, long waits
         self.in_flight = unrolls_in_flight(config)
-        self.store = SlotStore(spec, config.num_actors * self.in_flight, shared=False)
-        self.free = list(range(self.store.num_slots))
-        self.full: deque[int] = deque()
+        self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.owner: dict = {}  # take call -> ActorHandle
         remote = ray.remote(RayActor).options(
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
@@ -426,10 +424,10 @@ class RayActors:
 
     # --- BatchSource --------------------------------------------------------------------------
     def next_batch(self, timeout_s: float):
-        """Wait for ``slots_per_batch`` unrolls, gather them into a batch, free their slots."""
+        """The next batch of ``slots_per_batch`` unrolls, each copied into it as its reply came;
+        None if none is complete after ``timeout_s``."""
         began = time.monotonic()
-        needed = self.config.slots_per_batch
-        while len(self.full) < needed:
+        while not self.assembler:
             self.request()
             remaining = began + timeout_s - time.monotonic()
             calls = list(self.owner)
@@ -440,18 +438,16 @@ class RayActors:
             for call in done:
                 self._receive(call)
             self._find_hung()
-            if len(self.full) < needed and time.monotonic() >= began + timeout_s:
+            if not self.assembler and time.monotonic() >= began + timeout_s:
                 self.waited_s += time.monotonic() - began
                 self._report_long_wait()
                 return None
-        indices = [self.full.popleft() for _ in range(needed)]
-        batch = self.store.gather(indices)
-        for slot in indices:
-            self.actors[int(self.store.actor_id[slot])].held -= 1
-            self.free.append(slot)
+        batch, meta = self.assembler.take()
+        for actor_id in meta["slot_actor_id"].tolist():
+            self.actors[actor_id].held -= 1
         self.request()  # the actors go on producing while the learner trains
         self.waited_s, self.wait_reported = 0.0, False
-        return batch
+        return batch, meta
 
     def request(self) -> None:
         """Keep ``in_flight`` takes out per actor, and the newest weights with every actor."""
@@ -486,12 +482,7 @@ class RayActors:
         if reply.where is not None:
             actor.killed = False
             self._started(actor, reply.where)
-        slot = self.free.pop()
-        target = self.store.slot_arrays(slot)
-        for key, value in reply.arrays.items():
-            target[key][...] = value
-        self.store.record(slot, reply.record, reply.created_at)
-        self.full.append(slot)
+        self.assembler.add(reply.arrays, reply.record, reply.created_at)
         actor.held += 1
 
     def _find_hung(self) -> None:
@@ -553,13 +544,13 @@ class RayActors:
         if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
             self.wait_reported = True
             starting = [actor.actor_id for actor in self.actors if actor.last_error]
-            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({len(self.full)} of "
+            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({self.assembler.filling} of "
                         f"{self.config.slots_per_batch} unrolls ready; actors waiting for Ray to restart them: "
                         f"{starting or 'none'}; is the cluster short of resources? `ray status` shows it)")
 
 
 def unrolls_in_flight(config: TrainConfig) -> int:
-    """Unrolls per actor in the object store (and in the learner's store): the local runtime's
+    """Unrolls per actor in the object store (and in the learner's batches): the local runtime's
     slots, shared out among the actors."""
     return math.ceil(config.num_slots / config.num_actors)
 
