@@ -150,6 +150,7 @@ def test_live_checks_wait_for_the_warm_up_and_do_not_repeat():
     assert times[0] >= WARMUP_S and times[1] - times[0] >= REPEAT_S
 
 
+@pytest.mark.slow
 def test_diagnose_names_the_starved_learner_of_a_real_run(run_dir):
     # One env feeding batches of 8 unrolls: the learner waits for data nearly all the time.
     run_cli("train", "--env", "CartPole-v1", "--num-actors", "1", "--envs-per-actor", "1", "--batch-size", "8",
@@ -159,6 +160,7 @@ def test_diagnose_names_the_starved_learner_of_a_real_run(run_dir):
     assert "[actors_blocked]" not in result.stdout
 
 
+@pytest.mark.slow
 def test_diagnose_names_the_blocked_actors_of_a_real_run(run_dir):
     # IMPACT taking 20 SGD steps on every batch: the actors wait for free slots.
     run_cli("train", "--algo", "impact", "--env", "CartPole-v1", "--num-actors", "1", "--buffer-uses", "20",
@@ -168,6 +170,7 @@ def test_diagnose_names_the_blocked_actors_of_a_real_run(run_dir):
     assert "[learner_starved]" not in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", ["ALE/Pong-v5", "MinAtar/Breakout-v1"])
 def test_diagnose_reads_a_run_on_env_ids_registered_by_other_packages(run_dir, env):
     # A fresh process that never made an env must still find the ALE and MinAtar ids.
@@ -178,6 +181,7 @@ def test_diagnose_reads_a_run_on_env_ids_registered_by_other_packages(run_dir, e
     assert f"impala on {env}" in result.stdout and "nothing to report" in result.stdout
 
 
+@pytest.mark.slow
 def test_max_policy_lag_drops_and_counts_stale_unrolls(run_dir):
     run_cli("train", "--env", "CartPole-v1", *FAST, "--max-policy-lag", "1", "--total-env-steps", "20000",
             "--out", str(run_dir), check=True)

@@ -10,10 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import FAST, run_cli
 from test_runtime import children_of, read_metrics, start_training
+
+pytestmark = pytest.mark.slow  # each test trains with real processes and kills or breaks them
 
 TESTS = str(Path(__file__).parent)
 

@@ -9,6 +9,8 @@ from conftest import run_cli
 from impactrl.checkpoint import load_checkpoint
 from impactrl.runtime.learner import RETURN_WINDOW
 
+pytestmark = pytest.mark.slow  # each test trains an agent to a return
+
 
 def best_return(run_dir: Path, bar: float, *args: str, seed: int = 1, stop_at_bar: bool = True) -> float:
     """Train through the CLI until the last 100 episodes average ``bar`` (with ``stop_at_bar``)

@@ -171,6 +171,7 @@ def test_a_mixed_batch_of_two_tasks_trains_and_popart_survives_a_checkpoint(algo
     torch.testing.assert_close(after.value, sigma * after.normalized_value + mu)
 
 
+@pytest.mark.slow
 def test_train_eval_and_plot_a_suite_with_popart(run_dir):
     run_cli("train", "--env", "minatar", "--popart", "--num-actors", "2", "--envs-per-actor", "5", "--batch-size", "10",
             "--total-env-steps", "12000", "--log-interval-s", "1", "--out", str(run_dir), check=True)

@@ -27,6 +27,8 @@ from impactrl.config import TrainConfig  # noqa: E402
 from impactrl.runtime.ray import apply_delta, delta_bytes, encode_delta  # noqa: E402
 from impactrl.training import build_learner  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test starts a Ray instance or cluster
+
 
 @contextlib.contextmanager
 def no_process_left_behind():

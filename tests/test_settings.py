@@ -36,6 +36,7 @@ def test_ppo_batch_is_every_actors_unroll(env):
     assert config.steps_per_batch == 4 * config.envs_per_actor * config.unroll_length
 
 
+@pytest.mark.slow
 def test_ppo_with_four_actors_trains_without_a_hand_made_batch_size(run_dir: Path):
     run_cli("train", "--algo", "ppo", "--env", "Hopper-v5", "--num-actors", "4", "--unroll-length", "64",
             "--update-epochs", "1", "--num-minibatches", "4", "--total-env-steps", "512", "--out", str(run_dir),

@@ -9,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import FAST, run_cli
+
+pytestmark = pytest.mark.slow  # each test trains in a subprocess to read its terminal
 
 SHORT = ["--env", "CartPole-v1", "--total-env-steps", "20000", *FAST]
 
