@@ -4,7 +4,7 @@ for docs/ray.md's "Scaling on paper".
 1. Assembly: the learner copies every unroll it receives once, into its columns of the batch
    being filled; the time for a batch of 32 unrolls, per env preset.
 2. Calls: with 64 (or more) Ray actors that answer at once, how many calls per second the
-   learner process submits and gets back (what bounds takes and set_weights per second).
+   learner process submits and gets back (what bounds takes per second).
 
     python benchmarks/ray_scaling.py >> benchmarks/results/ray_scaling.jsonl
 """

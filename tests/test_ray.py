@@ -24,7 +24,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from impactrl.config import TrainConfig  # noqa: E402
-from impactrl.runtime.ray import apply_delta, delta_bytes, encode_delta  # noqa: E402
+from impactrl.runtime.ray import (RayActor, StartArgs, WeightsBoard, ObjectStoreWeightSink, apply_delta,  # noqa: E402
+                                  delta_bytes, encode_delta)
 from impactrl.training import build_learner  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each test starts a Ray instance or cluster
@@ -134,6 +135,43 @@ def test_weight_deltas_rebuild_the_learners_weights_exactly_or_within_the_bound(
                 assert torch.equal(held[key], value)
             else:  # the bound, plus float32 rounding of the weight
                 assert (held[key] - value).abs().max() <= bound * (1 + 1e-3) + 1e-6 * value.abs().max()
+
+
+def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_from_the_board():
+    """Nothing is pushed to actors: a (re)started actor's first take carries the newest weights,
+    and a synchronous actor whose takes are all out pulls a new publication from the board."""
+    config = TrainConfig(env="CartPole-v1", algo="ppo", num_actors=1, envs_per_actor=2, unroll_length=5)
+    learner, spec = build_learner(config, None)
+    sink = ObjectStoreWeightSink(config)
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        board = ray.remote(WeightsBoard).options(num_cpus=0).remote()
+        actor = ray.remote(RayActor).options(num_cpus=0, max_restarts=-1, max_concurrency=4).remote(
+            config, 0, spec, 1, board)
+        start = StartArgs(generation=0, reward_stats=None)
+        sink.publish(learner.agent, 7)
+        reply = ray.get(actor.take.remote(start, sink.latest()), timeout=120)
+        assert reply.record.policy_version == 7
+        # Its loop now waits for a publication newer than 7, and no take is out: the board brings it.
+        pending = actor.take.remote(start, sink.latest())
+        sink.publish(learner.agent, 8)
+        board.post.remote(sink.latest())
+        assert ray.get(pending, timeout=120).record.policy_version == 8
+        os.kill(reply.where["pid"], signal.SIGKILL)
+        sink.publish(learner.agent, 12)
+        newest = sink.latest()
+        board.post.remote(newest)
+        deadline = time.monotonic() + 120
+        while True:  # the calls fail until Ray has restarted the process
+            try:
+                reply = ray.get(actor.take.remote(StartArgs(1, None), newest), timeout=120)
+                break
+            except ray.exceptions.RayActorError:
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        assert reply.where is not None and reply.record.policy_version == 12
+    finally:
+        ray.shutdown()
 
 
 def test_a_killed_actor_worker_is_restarted_by_ray_and_the_run_finishes(run_dir: Path):

@@ -11,9 +11,12 @@ Data flow (the only channels there are)::
              a reply over 100 KiB in the object store, owned by the learner); the learner
              copies it once, into the batch being filled
     learner -> actors: the weights, once per publication (at most every ``publish_interval``
-             updates; PPO's every one), ride on take calls, and on set_weights for actors
-             whose takes are all out (a PPO actor waits for them); inline when small, else
-             ray.put once and passed by reference; optionally as deltas (``weight_delta``)
+             updates; PPO's every one), ride on take calls: an actor loads the newest one it
+             has at its next unroll boundary. PPO's actors, whose takes are all out while
+             they wait for a publication, pull it from a WeightsBoard the learner posts to
+             once. Inline when small, else ray.put once and passed by reference (a node
+             fetches it once); optionally as deltas (``weight_delta``). A publication costs
+             the learner the same whatever the number of actors.
 
 So memory is bounded whatever the speed ratio: per actor at most ``in_flight`` unrolls queued
 in the actor, ``in_flight`` replies in flight and ``in_flight`` in the learner's batches.
@@ -263,11 +266,38 @@ class ObjectStoreOutbox:
         self.beat = time.monotonic()
 
 
-class RayActor:
-    """One actor: ``run_actor`` on a thread of this Ray actor, its unrolls handed out by ``take``."""
+class WeightsBoard:
+    """The newest WeightsMessage, posted once per publication by the learner and pulled by the
+    actors that must not wait for their next take (PPO waits for each publication): the learner's
+    cost of a publication does not grow with the actors. An asyncio actor: every waiting pull is
+    a coroutine, not a thread."""
 
-    def __init__(self, config: TrainConfig, actor_id: int, spec: RolloutSpec, in_flight: int):
+    def __init__(self) -> None:
+        import asyncio
+
+        self.latest: WeightsMessage | None = None
+        self.posted = asyncio.Condition()
+
+    async def post(self, message: WeightsMessage) -> None:
+        async with self.posted:
+            self.latest = message
+            self.posted.notify_all()
+
+    async def newer_than(self, publication: int) -> WeightsMessage:
+        async with self.posted:
+            await self.posted.wait_for(lambda: self.latest is not None and self.latest.publication > publication)
+            return self.latest
+
+
+class RayActor:
+    """One actor: ``run_actor`` on a thread of this Ray actor, its unrolls handed out by ``take``.
+
+    Weights come with every take; a synchronous (PPO) actor also pulls each new publication from
+    the WeightsBoard, since its takes are all out while it waits for one."""
+
+    def __init__(self, config: TrainConfig, actor_id: int, spec: RolloutSpec, in_flight: int, board=None):
         self.config, self.actor_id = config, actor_id
+        self.board = board
         self.weights = ObjectStoreWeightSource(delta_bound(config))
         self.outbox = ObjectStoreOutbox(spec, in_flight)
         self.failure: ActorLoopFailed | None = None
@@ -292,6 +322,8 @@ class RayActor:
                 self.outbox.beat = time.monotonic() + self.config.actor_stall_timeout_s
                 self._loop = threading.Thread(target=self._run, args=(start,), name="impactrl-actor", daemon=True)
                 self._loop.start()
+                if self.board is not None:
+                    threading.Thread(target=self._pull, name="impactrl-weights", daemon=True).start()
         while True:
             if self.failure is not None:
                 raise self.failure
@@ -304,8 +336,9 @@ class RayActor:
                 fresh, self._replied = not self._replied, True
             return TakeReply(where_am_i() if fresh else None, arrays, record, created_at)
 
-    def set_weights(self, weights: WeightsMessage) -> None:
-        self.weights.receive(weights)
+    def _pull(self) -> None:
+        while True:
+            self.weights.receive(ray.get(self.board.newer_than.remote(self.weights.publication())))
 
     def silent_s(self) -> float:
         """Seconds since the actor loop's last heartbeat (answered by another thread than the loop's)."""
@@ -388,7 +421,6 @@ class ActorHandle:
     generation: int
     pending: set = field(default_factory=set)  # take calls out
     held: int = 0  # its unrolls in batches the learner has not taken yet
-    sent_publication: int = 0
     last_reply: float = field(default_factory=time.monotonic)
     probe: object = None  # a silent_s call out, and when it was sent
     probe_sent: float = 0.0
@@ -410,9 +442,14 @@ class RayActors:
         self.owner: dict = {}  # take call -> ActorHandle
         remote = ray.remote(RayActor).options(
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
-            max_concurrency=self.in_flight + 2,  # every take waits in its own thread; set_weights never queues
+            max_concurrency=self.in_flight + 2,  # every take waits in its own thread; silent_s never queues
             scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
-        self.actors = [ActorHandle(i, remote.remote(config, i, spec, self.in_flight), learner.counters.updates)
+        # PPO's actors pull each publication from a board; the rest learn it from their next take.
+        self.board = (ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=10_000).remote()
+                      if config.synchronous else None)
+        self.posted = 0  # the publication last posted on the board
+        self.actors = [ActorHandle(i, remote.remote(config, i, spec, self.in_flight, self.board),
+                                   learner.counters.updates)
                        for i in range(config.num_actors)]
         self.learner_where = where_am_i()
         self.waited_s = 0.0
@@ -421,6 +458,8 @@ class RayActors:
     def stop_all(self) -> None:
         for actor in self.actors:
             ray.kill(actor.handle, no_restart=True)
+        if self.board is not None:
+            ray.kill(self.board)
 
     # --- BatchSource --------------------------------------------------------------------------
     def next_batch(self, timeout_s: float):
@@ -458,10 +497,9 @@ class RayActors:
                     StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
                 actor.pending.add(call)
                 self.owner[call] = actor
-                actor.sent_publication = weights.publication
-            if actor.sent_publication < weights.publication:
-                actor.handle.set_weights.remote(weights)
-                actor.sent_publication = weights.publication
+        if self.board is not None and weights.publication > self.posted:
+            self.board.post.remote(weights)
+            self.posted = weights.publication
 
     def _receive(self, call) -> None:
         actor = self.owner.pop(call)
