@@ -22,7 +22,7 @@ from typing import Any, Callable
 import yaml
 
 from impactrl.config import TrainConfig, coerce, with_values
-from impactrl.envs.tasks import task_ids
+from impactrl.envs.tasks import reward_threshold, task_ids
 from impactrl.errors import UserError
 from impactrl.metrics import read_metrics
 
@@ -378,8 +378,6 @@ def read_run(run_dir: Path) -> tuple[TrainConfig, Records]:
 
 def report(run_dir: Path) -> str:
     """What ``impactrl diagnose`` prints: the rules over the run's last minute, then its live warnings."""
-    from impactrl.runtime.learner import reward_threshold
-
     config, records = read_run(run_dir)
     last = records[-1]
     lines = [f"{run_dir}: {config.algo} on {config.env}, {last['env_steps']:,} env steps in {last['wall_time_s']:.0f} s "

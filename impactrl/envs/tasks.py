@@ -73,6 +73,12 @@ def check_tasks(env: str) -> tuple[str, ...]:
     return ids
 
 
+def reward_threshold(env: str) -> float | None:
+    """The return at which Gymnasium considers the env solved, if it says; None for several tasks."""
+    ids = task_ids(env)
+    return env_spec(ids[0]).reward_threshold if len(ids) == 1 else None
+
+
 def tasks_family(env: str) -> str:
     """The env family of ``--env``'s tasks (checked)."""
     return env_family(check_tasks(env)[0])

@@ -41,7 +41,7 @@ from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, BatchAssembler, keep_unrolls, restack_frames, to_device
 from impactrl.diagnostics import LiveDiagnostics
-from impactrl.envs.tasks import task_ids, task_labels
+from impactrl.envs.tasks import reward_threshold, task_ids, task_labels
 from impactrl.errors import ActorFailed, TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import DEAD_UNIT_SAMPLE, Agent
@@ -241,149 +241,223 @@ class Learner:
         restore_rng_states(state["rng"])
 
 
-def reward_threshold(env: str) -> float | None:
-    """The return at which Gymnasium considers the env solved, if it says; None for several tasks."""
-    from impactrl.envs.factory import env_spec
+class Telemetry:
+    """What the loop measured since the last metrics line, and writing that line: per-interval
+    statistics, the live diagnostics, the learner's time per stage and the env-step rate."""
 
-    ids = task_ids(env)
-    return env_spec(ids[0]).reward_threshold if len(ids) == 1 else None
+    def __init__(self, learner: Learner, writer: MetricsWriter, start: float):
+        config = learner.config
+        self.learner, self.writer, self.start = learner, writer, start
+        ids = task_ids(config.env)
+        self.labels = task_labels(ids) if len(ids) > 1 else None
+        self.interval = IntervalStats(config.envs_per_actor * config.unroll_length, self.labels)
+        self.diagnostics = LiveDiagnostics(config, reward_threshold(config.env))
+        self.last_line = time.monotonic()
+        # Steps/s count from the first batch: the actors' start-up would make the first rate look tiny.
+        self.rate_since: float | None = None
+        self.steps_at_rate_start = learner.counters.env_steps
+        self.last_obs: torch.Tensor | None = None  # the newest batch's observations, for the dead-unit count
 
+    def unrolls(self, batch: Batch, meta: dict[str, torch.Tensor], lags: torch.Tensor) -> None:
+        """A batch the algorithm takes (after the lag filter): its episodes, lags, ages, actors' time."""
+        counters, config = self.learner.counters, self.learner.config
+        ended = ~torch.isnan(batch["episode_return"])
+        tasks = batch["task"][0]  # [B]: an unroll plays one task
+        self.interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy(),
+                                   batch["task"][:-1][ended].numpy())
+        counters.recent_returns = (counters.recent_returns + batch["episode_return"][ended].tolist())[-RETURN_WINDOW:]
+        self.interval.add_unrolls(meta["actor_id"].numpy(), lags.numpy(), (time.time() - meta["created_at"]).numpy(),
+                                  meta["stage_seconds"].numpy(), tasks.numpy())
+        if self.labels is not None:
+            for task, count in enumerate(torch.bincount(tasks, minlength=len(self.labels)).tolist()):
+                label = self.labels[task]
+                counters.env_steps_by_task[label] = counters.env_steps_by_task.get(label, 0) + count * config.unroll_length
+        self.interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
 
-def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
-                writer: MetricsWriter, check_health: Callable[[], None]) -> LearnerCounters:
-    """Train until ``total_env_steps`` are consumed; see the module docstring."""
-    config, counters = learner.config, learner.counters
-    start = time.monotonic() - counters.wall_time_s
-    ids = task_ids(config.env)
-    labels = task_labels(ids) if len(ids) > 1 else None
-    interval = IntervalStats(config.envs_per_actor * config.unroll_length, labels)
-    diagnostics = LiveDiagnostics(config, reward_threshold(config.env))
-    last_log = last_checkpoint = time.monotonic()
-    # Steps/s count from the first batch: the actors' start-up would make the first rate look tiny.
-    rate_since: float | None = None
-    steps_at_last_log = counters.env_steps
-    last_obs: torch.Tensor | None = None  # the newest batch's observations, for the dead-unit count
-    stages = learner.stage_seconds
-    weights.publish(learner.agent, counters.updates)
+    def consumed(self, obs: torch.Tensor) -> None:
+        """A batch was handed to the algorithm; ``obs`` as it saw them."""
+        self.last_obs = obs
+        if self.rate_since is None:
+            self.rate_since, self.steps_at_rate_start = time.monotonic(), self.learner.counters.env_steps
 
-    def return_reached() -> bool:
-        return (config.stop_at_return is not None and len(counters.recent_returns) == RETURN_WINDOW
-                and float(np.mean(counters.recent_returns)) >= config.stop_at_return)
+    def due(self) -> bool:
+        return time.monotonic() - self.last_line >= self.learner.config.log_interval_s
 
-    def log_line() -> None:
-        nonlocal last_log, rate_since, steps_at_last_log
+    def write(self) -> None:
+        """One metrics line, checked by the diagnostic rules (their warnings go to the terminal)."""
+        learner, counters = self.learner, self.learner.counters
         now = time.monotonic()
-        counters.wall_time_s = now - start
-        summary = interval.summary()
+        counters.wall_time_s = now - self.start
+        summary = self.interval.summary()
         counters.episodes += summary["episodes"]
+        elapsed = max(now - self.last_line, 1e-9)
+        stages = learner.stage_seconds
         record = {
             "env_steps": counters.env_steps,
             "learner_updates": counters.updates,
             "wall_time_s": round(counters.wall_time_s, 3),
             # null until a rate can be measured: from the first batch, over at least 0.1 s
-            "env_steps_per_s": ((counters.env_steps - steps_at_last_log) / (now - rate_since)
-                                if rate_since is not None and now - rate_since >= 0.1 else None),
+            "env_steps_per_s": ((counters.env_steps - self.steps_at_rate_start) / (now - self.rate_since)
+                                if self.rate_since is not None and now - self.rate_since >= 0.1 else None),
             "episodes_total": counters.episodes,
             "actor_restarts": counters.actor_restarts,
             "env_errors": counters.env_errors,
             "updates_skipped": counters.updates_skipped,
             "unrolls_dropped": counters.unrolls_dropped,
             **summary,
-            "time/learner_wait_fraction": ((stages["receive"] + stages["assemble"]) / max(now - last_log, 1e-9)),
-            **{f"time/learner_{stage}_fraction": seconds / max(now - last_log, 1e-9) for stage, seconds in stages.items()},
+            "time/learner_wait_fraction": (stages["receive"] + stages["assemble"]) / elapsed,
+            **{f"time/learner_{stage}_fraction": seconds / elapsed for stage, seconds in stages.items()},
         }
-        if last_obs is not None:
-            record.update(learner.dead_units(last_obs))
+        if self.last_obs is not None:
+            record.update(learner.dead_units(self.last_obs))
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
         for label, steps in counters.env_steps_by_task.items():
             record["task"][label]["env_steps"] = steps
-        findings = diagnostics.check(record)
+        findings = self.diagnostics.check(record)
         if findings:
             record["diagnostics"] = [finding.record() for finding in findings]
-        writer.write(record)
+        self.writer.write(record)
         for finding in findings:
-            writer.warn(finding.text())
-        interval.reset()
+            self.writer.warn(finding.text())
+        self.interval.reset()
         if record["env_steps_per_s"] is not None:
-            rate_since, steps_at_last_log = now, counters.env_steps
-        last_log = now
+            self.rate_since, self.steps_at_rate_start = now, counters.env_steps
+        self.last_line = now
         stages.update(dict.fromkeys(stages, 0.0))
 
-    def checkpoint() -> None:
-        nonlocal last_checkpoint
-        counters.wall_time_s = time.monotonic() - start
-        save_checkpoint(run_dir, learner.state_dict(), f"ckpt_{counters.updates:010d}", config.keep_checkpoints)
-        last_checkpoint = time.monotonic()
 
-    try:
-        deadline = math.inf if config.max_wall_time_s is None else time.monotonic() + config.max_wall_time_s
-        # Past the step budget, finish the SGD steps owed to data already taken (PPO's epochs,
-        # IMPALA's last batch) and stop when the algorithm would fetch more.
-        while ((counters.env_steps < config.total_env_steps or not learner.algorithm.wants_data())
-               and time.monotonic() < deadline and not return_reached()):
-            check_health()
-            if config.max_wall_time_s is not None:
-                learner.wall_time_progress = 1.0 - (deadline - time.monotonic()) / config.max_wall_time_s
-            must_wait = learner.algorithm.wants_data()
-            if must_wait or (learner.algorithm.takes_ready_data() and counters.env_steps < config.total_env_steps):
-                began, assembled = time.perf_counter(), source.assembler.seconds
-                item = source.next_batch(timeout_s=1.0 if must_wait else 0.0)
-                stages["assemble"] += source.assembler.seconds - assembled
-                stages["receive"] += max(0.0, time.perf_counter() - began - (source.assembler.seconds - assembled))
-                if item is None and must_wait:
-                    continue
-            else:
-                item = None
-            if item is not None:
-                batch, meta = item
-                learner.record_unrolls(meta)  # what the actors reported, also with unrolls dropped below
-                lags = counters.updates - meta["policy_version"]
-                actor_ids, created_at = meta["actor_id"], meta["created_at"]
-                if config.max_policy_lag is not None and (lags > config.max_policy_lag).any():
-                    keep = lags <= config.max_policy_lag
-                    counters.unrolls_dropped += int((~keep).sum())
-                    if not keep.any():
-                        continue
-                    batch, lags = keep_unrolls(batch, keep), lags[keep]
-                    actor_ids, created_at = actor_ids[keep], created_at[keep]
-                ended = ~torch.isnan(batch["episode_return"])
-                tasks = batch["task"][0]  # [B]: an unroll plays one task
-                interval.add_episodes(batch["episode_return"][ended].numpy(), batch["episode_length"][ended].numpy(),
-                                      batch["task"][:-1][ended].numpy())
-                counters.recent_returns = (counters.recent_returns
-                                           + batch["episode_return"][ended].tolist())[-RETURN_WINDOW:]
-                interval.add_unrolls(actor_ids.numpy(), lags.numpy(), (time.time() - created_at).numpy(),
-                                     meta["stage_seconds"].numpy(), tasks.numpy())
-                if labels is not None:
-                    for task, count in enumerate(torch.bincount(tasks, minlength=len(labels)).tolist()):
-                        steps = counters.env_steps_by_task.get(labels[task], 0) + count * config.unroll_length
-                        counters.env_steps_by_task[labels[task]] = steps
-                interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
-                last_obs = learner.add(batch)["obs"]
-                if rate_since is None:
-                    rate_since, steps_at_last_log = time.monotonic(), counters.env_steps
+class Checkpointer:
+    """A checkpoint every ``checkpoint_interval_s``, and on demand (the end, an interruption)."""
+
+    def __init__(self, learner: Learner, run_dir: Path, start: float):
+        self.learner, self.run_dir, self.start = learner, run_dir, start
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.learner.config.checkpoint_interval_s
+
+    def save(self) -> None:
+        counters, config = self.learner.counters, self.learner.config
+        counters.wall_time_s = time.monotonic() - self.start
+        save_checkpoint(self.run_dir, self.learner.state_dict(), f"ckpt_{counters.updates:010d}", config.keep_checkpoints)
+        self.last = time.monotonic()
+
+
+class StopConditions:
+    """When training ends: the step budget spent (once the algorithm has trained on the data it
+    holds: PPO's epochs, IMPALA's last batch), ``max_wall_time_s`` passed, or the mean return of
+    the last RETURN_WINDOW episodes at ``stop_at_return``."""
+
+    def __init__(self, learner: Learner):
+        self.learner = learner
+        limit = learner.config.max_wall_time_s
+        self.deadline = math.inf if limit is None else time.monotonic() + limit
+
+    def budget_left(self) -> bool:
+        return self.learner.counters.env_steps < self.learner.config.total_env_steps
+
+    def return_reached(self) -> bool:
+        config, returns = self.learner.config, self.learner.counters.recent_returns
+        return (config.stop_at_return is not None and len(returns) == RETURN_WINDOW
+                and float(np.mean(returns)) >= config.stop_at_return)
+
+    def reached(self) -> bool:
+        """Also moves the learning-rate schedule along the wall-time budget."""
+        limit = self.learner.config.max_wall_time_s
+        if limit is not None:
+            self.learner.wall_time_progress = 1.0 - (self.deadline - time.monotonic()) / limit
+        return ((not self.budget_left() and self.learner.algorithm.wants_data())
+                or time.monotonic() >= self.deadline or self.return_reached())
+
+
+class LearnerLoop:
+    """The learner loop of the module docstring, as ``step()`` over its named parts."""
+
+    def __init__(self, learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
+                 writer: MetricsWriter, check_health: Callable[[], None]):
+        self.learner, self.source, self.weights, self.writer = learner, source, weights, writer
+        self.check_health = check_health
+        start = time.monotonic() - learner.counters.wall_time_s
+        self.telemetry = Telemetry(learner, writer, start)
+        self.checkpointer = Checkpointer(learner, run_dir, start)
+        self.stop = StopConditions(learner)
+
+    def intake(self) -> tuple[Batch, dict[str, torch.Tensor]] | None:
+        """The next batch when the algorithm wants one (or takes one that is ready now); None if none came."""
+        algorithm, stages = self.learner.algorithm, self.learner.stage_seconds
+        must_wait = algorithm.wants_data()
+        if not (must_wait or (algorithm.takes_ready_data() and self.stop.budget_left())):
+            return None
+        began, assembled = time.perf_counter(), self.source.assembler.seconds
+        item = self.source.next_batch(timeout_s=1.0 if must_wait else 0.0)
+        copying = self.source.assembler.seconds - assembled
+        stages["assemble"] += copying
+        stages["receive"] += max(0.0, time.perf_counter() - began - copying)
+        return item
+
+    def take(self, batch: Batch, meta: dict[str, torch.Tensor]) -> None:
+        """Record a batch's unrolls, drop those past ``max_policy_lag``, hand the rest to the algorithm."""
+        learner, counters, limit = self.learner, self.learner.counters, self.learner.config.max_policy_lag
+        learner.record_unrolls(meta)  # what the actors reported, also with unrolls dropped below
+        lags = counters.updates - meta["policy_version"]
+        if limit is not None and (lags > limit).any():
+            keep = lags <= limit
+            counters.unrolls_dropped += int((~keep).sum())
+            if not keep.any():
+                return
+            batch, lags = keep_unrolls(batch, keep), lags[keep]
+            meta = {**meta, "actor_id": meta["actor_id"][keep], "created_at": meta["created_at"][keep]}
+        self.telemetry.unrolls(batch, meta, lags)
+        self.telemetry.consumed(learner.add(batch)["obs"])
+
+    def train(self) -> None:
+        """One SGD step if the algorithm has a batch, then a publication if it says so."""
+        learner, stages = self.learner, self.learner.stage_seconds
+        began = time.perf_counter()
+        stats = learner.update()
+        stages["train"] += time.perf_counter() - began
+        if stats is None:
+            return
+        self.telemetry.interval.add(stats)
+        if learner.algorithm.publish_now():
             began = time.perf_counter()
-            stats = learner.update()
-            stages["train"] += time.perf_counter() - began
-            if stats is not None:
-                interval.add(stats)
-                if learner.algorithm.publish_now():
-                    began = time.perf_counter()
-                    weights.publish(learner.agent, counters.updates)
-                    stages["publish"] += time.perf_counter() - began
-            if time.monotonic() - last_log >= config.log_interval_s:
-                log_line()
-            if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
-                checkpoint()
-    except BaseException:
-        # Interrupted (Ctrl-C, a failed actor): keep what was learned so --resume can continue.
-        checkpoint()
-        raise
-    if return_reached():
-        writer.message(f"the mean return of the last {RETURN_WINDOW} episodes, {np.mean(counters.recent_returns):.2f}, "
-                       f"reached --stop-at-return {config.stop_at_return:g} at {counters.env_steps:,} env steps")
-    log_line()
-    checkpoint()
-    return counters
+            self.weights.publish(learner.agent, learner.counters.updates)
+            stages["publish"] += time.perf_counter() - began
 
+    def step(self) -> None:
+        self.check_health()
+        item = self.intake()
+        if item is not None:
+            self.take(*item)
+        elif self.learner.algorithm.wants_data():
+            return  # nothing came within the wait: check health and the stop conditions again
+        self.train()
+        if self.telemetry.due():
+            self.telemetry.write()
+        if self.checkpointer.due():
+            self.checkpointer.save()
+
+    def run(self) -> LearnerCounters:
+        counters = self.learner.counters
+        self.weights.publish(self.learner.agent, counters.updates)
+        try:
+            while not self.stop.reached():
+                self.step()
+        except BaseException:
+            # Interrupted (Ctrl-C, a failed actor): keep what was learned so --resume can continue.
+            self.checkpointer.save()
+            raise
+        if self.stop.return_reached():
+            self.writer.message(f"the mean return of the last {RETURN_WINDOW} episodes, "
+                                f"{np.mean(counters.recent_returns):.2f}, reached --stop-at-return "
+                                f"{self.learner.config.stop_at_return:g} at {counters.env_steps:,} env steps")
+        self.telemetry.write()
+        self.checkpointer.save()
+        return counters
+
+
+def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
+                writer: MetricsWriter, check_health: Callable[[], None]) -> LearnerCounters:
+    """Train until ``total_env_steps`` are consumed; see the module docstring."""
+    return LearnerLoop(learner, source, weights, run_dir, writer, check_health).run()
