@@ -59,8 +59,8 @@ class TrainConfig:
     """Ray runtime: other resources each actor asks Ray for, as NAME=AMOUNT (e.g. actor=1 to keep
     actors on the nodes started with --resources '{"actor": 64}')."""
     publish_interval: int = 1
-    """Ray runtime: put the weights in the object store at most every N learner updates (saves
-    copies on large models; PPO's actors still get every version they wait for)."""
+    """Publish the weights to the actors at most every N learner updates (saves copies on large
+    models and GPU learners; PPO's actors still get every version they wait for)."""
     weight_delta: Literal["off", "lossless", "lossy"] = "off"
     """Ray runtime: broadcast weights as compressed differences against the previous publication
     (a full copy every 32): lossless = bit-exact (XOR, zlib); lossy = each weight an actor holds

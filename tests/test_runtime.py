@@ -19,7 +19,8 @@ from conftest import FAST, run_cli
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, data_bytes, restack_frames, to_device
 from impactrl.runtime.actor import Actor
-from impactrl.runtime.learner import LEARNER_STAGES
+from impactrl.metrics import MetricsWriter
+from impactrl.runtime.learner import LEARNER_STAGES, LearnerLoop
 from impactrl.runtime.local import LocalActors, SharedWeights, StopRequests
 from impactrl.training import build_learner
 
@@ -360,3 +361,36 @@ def test_weights_are_never_read_half_written_and_a_killed_reader_blocks_nothing(
     began = time.monotonic()
     publish(version + 1)
     assert time.monotonic() - began < 1.0 and weights.load_into(agent)[0] == version + 1
+
+
+class ReplayedUnroll:
+    """A BatchSource that hands out one real unroll again and again, tagged with version 0."""
+
+    def __init__(self, config, spec):
+        self.store = SlotStore(spec, num_slots=1, shared=False)
+        actor = Actor(config, actor_id=0)
+        actor.unroll(self.store.slot_arrays(0))
+        actor.close()
+        self.store.policy_version[0] = 0
+        self.assembler = BatchAssembler(spec, config.slots_per_batch)
+
+    def next_batch(self, timeout_s):
+        self.assembler.add(*self.store.unroll(0))
+        return self.assembler.take()
+
+
+def test_the_learner_publishes_at_most_every_publish_interval_updates(tmp_path: Path):
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2, unroll_length=5,
+                         publish_interval=4, log_interval_s=1e9, checkpoint_interval_s=1e9)
+    learner, spec = build_learner(config, None)
+    weights = SharedWeights(learner.agent, mp.get_context("spawn"))
+    writer = MetricsWriter(tmp_path, config.total_env_steps, terminal=None)
+    try:
+        loop = LearnerLoop(learner, ReplayedUnroll(config, spec), weights, tmp_path, writer, lambda: None)
+        loop.publish()
+        for _ in range(10):
+            loop.step()
+    finally:
+        writer.close()
+    assert learner.counters.updates == 10
+    assert weights.publication() == 3 and weights.version() == 8  # versions 0, 4 and 8

@@ -382,6 +382,7 @@ class LearnerLoop:
         self.telemetry = Telemetry(learner, writer, start)
         self.checkpointer = Checkpointer(learner, run_dir, start)
         self.stop = StopConditions(learner)
+        self.published = learner.counters.updates  # the version actors have, at most publish_interval behind
 
     def intake(self) -> tuple[Batch, dict[str, torch.Tensor]] | None:
         """The next batch when the algorithm wants one (or takes one that is ready now); None if none came."""
@@ -420,10 +421,15 @@ class LearnerLoop:
         if stats is None:
             return
         self.telemetry.interval.add(stats)
-        if learner.algorithm.publish_now():
+        if learner.algorithm.publish_now() and (learner.config.synchronous or learner.counters.updates
+                                                >= self.published + learner.config.publish_interval):
             began = time.perf_counter()
-            self.weights.publish(learner.agent, learner.counters.updates)
+            self.publish()
             stages["publish"] += time.perf_counter() - began
+
+    def publish(self) -> None:
+        self.weights.publish(self.learner.agent, self.learner.counters.updates)
+        self.published = self.learner.counters.updates
 
     def step(self) -> None:
         self.check_health()
@@ -440,7 +446,7 @@ class LearnerLoop:
 
     def run(self) -> LearnerCounters:
         counters = self.learner.counters
-        self.weights.publish(self.learner.agent, counters.updates)
+        self.publish()
         try:
             while not self.stop.reached():
                 self.step()

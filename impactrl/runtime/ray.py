@@ -357,7 +357,6 @@ class ObjectStoreWeightSink:
     """
 
     def __init__(self, config: TrainConfig):
-        self.every = 1 if config.synchronous else config.publish_interval
         self.keyframe_every = 1 if config.weight_delta == "off" else KEYFRAME_EVERY
         self.bound = delta_bound(config)
         self.agent: Agent | None = None
@@ -372,7 +371,7 @@ class ObjectStoreWeightSink:
 
     def latest(self) -> WeightsMessage:
         message = self.message
-        if self.unshipped and (message is None or self.every == 1 or self.version - message.version >= self.every):
+        if self.unshipped:
             self.unshipped = False
             began = time.perf_counter()
             state = {key: value.detach().cpu().clone() for key, value in self.agent.state_dict().items()}
