@@ -394,3 +394,19 @@ def test_the_learner_publishes_at_most_every_publish_interval_updates(tmp_path: 
         writer.close()
     assert learner.counters.updates == 10
     assert weights.publication() == 3 and weights.version() == 8  # versions 0, 4 and 8
+
+
+def test_impact_trains_every_held_use_of_its_buffer_before_the_run_ends(tmp_path: Path):
+    """Budget spent with three batches in a buffer of four places: each is still used K times."""
+    config = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2,
+                         unroll_length=5, buffer_batches=4, buffer_uses=2, total_env_steps=3 * 2 * 5,
+                         log_interval_s=1e9, checkpoint_interval_s=1e9)
+    learner, spec = build_learner(config, None)
+    weights = SharedWeights(learner.agent, mp.get_context("spawn"))
+    writer = MetricsWriter(tmp_path, config.total_env_steps, terminal=None)
+    try:
+        LearnerLoop(learner, ReplayedUnroll(config, spec), weights, tmp_path, writer, lambda: None).run()
+    finally:
+        writer.close()
+    assert learner.counters.env_steps == 30 and learner.counters.updates == 3 * 2
+    assert not learner.algorithm.owes_updates()

@@ -63,6 +63,10 @@ class Algorithm(ABC):
         """Whether the learner should wait for a fresh batch before the next SGD step."""
         return self._pending is None
 
+    def owes_updates(self) -> bool:
+        """Whether data already taken is still to be trained on (the run ends only once it is)."""
+        return not self.wants_data()
+
     def takes_ready_data(self) -> bool:
         """Whether the learner should also take a batch that is ready now when it need not wait for one."""
         return False

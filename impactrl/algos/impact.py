@@ -60,6 +60,9 @@ class Impact(Algorithm):
     def takes_ready_data(self) -> bool:
         return self.config.buffer_fetch == "ready"
 
+    def owes_updates(self) -> bool:
+        return len(self.buffer) > 0  # uses left of held batches, also when a place is free
+
     def add_batch(self, batch: Batch) -> None:
         held = _HeldBatch(batch)
         if self.target is not None and self.config.target_scoring == "insert":

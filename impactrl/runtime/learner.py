@@ -346,8 +346,8 @@ class Checkpointer:
 
 class StopConditions:
     """When training ends: the step budget spent (once the algorithm has trained on the data it
-    holds: PPO's epochs, IMPALA's last batch), ``max_wall_time_s`` passed, or the mean return of
-    the last RETURN_WINDOW episodes at ``stop_at_return``."""
+    took: PPO's epochs, IMPALA's last batch, the uses left in IMPACT's buffer), ``max_wall_time_s``
+    passed, or the mean return of the last RETURN_WINDOW episodes at ``stop_at_return``."""
 
     def __init__(self, learner: Learner):
         self.learner = learner
@@ -367,7 +367,7 @@ class StopConditions:
         limit = self.learner.config.max_wall_time_s
         if limit is not None:
             self.learner.wall_time_progress = 1.0 - (self.deadline - time.monotonic()) / limit
-        return ((not self.budget_left() and self.learner.algorithm.wants_data())
+        return ((not self.budget_left() and not self.learner.algorithm.owes_updates())
                 or time.monotonic() >= self.deadline or self.return_reached())
 
 
@@ -385,10 +385,11 @@ class LearnerLoop:
         self.published = learner.counters.updates  # the version actors have, at most publish_interval behind
 
     def intake(self) -> tuple[Batch, dict[str, torch.Tensor]] | None:
-        """The next batch when the algorithm wants one (or takes one that is ready now); None if none came."""
+        """The next batch when the algorithm wants one (or takes one that is ready now), while the
+        step budget lasts; None if none came."""
         algorithm, stages = self.learner.algorithm, self.learner.stage_seconds
         must_wait = algorithm.wants_data()
-        if not (must_wait or (algorithm.takes_ready_data() and self.stop.budget_left())):
+        if not self.stop.budget_left() or not (must_wait or algorithm.takes_ready_data()):
             return None
         began, assembled = time.perf_counter(), self.source.assembler.seconds
         item = self.source.next_batch(timeout_s=1.0 if must_wait else 0.0)
@@ -436,7 +437,7 @@ class LearnerLoop:
         item = self.intake()
         if item is not None:
             self.take(*item)
-        elif self.learner.algorithm.wants_data():
+        elif self.learner.algorithm.wants_data() and self.stop.budget_left():
             return  # nothing came within the wait: check health and the stop conditions again
         self.train()
         if self.telemetry.due():
