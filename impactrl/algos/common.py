@@ -37,7 +37,7 @@ def vtrace_targets(config: TrainConfig, batch: Batch, log_rhos: torch.Tensor, va
 
 def loss_terms(agent: Agent, batch: Batch, output: AgentOutput, vtrace: VTraceReturns) -> tuple[torch.Tensor, ...]:
     """``(values, value targets, policy-gradient advantages)`` for the losses: as V-trace gives them,
-    or with PopArt in the task's normalised space (ALGORITHMS.md §e): the learner's n(x), the
+    or with PopArt in the task's normalised space (docs/algorithms.md#popart): the learner's n(x), the
     targets (v − μ) / σ and the advantages divided by σ (V-trace itself ran on unnormalised values)."""
     values = output.value[:-1]
     if output.normalized_value is None:

@@ -1,4 +1,4 @@
-"""IMPACT (Luo et al. 2020, arXiv 1912.00167; ALGORITHMS.md §c.2–c.4, c.7).
+"""IMPACT (Luo et al. 2020, arXiv 1912.00167; docs/algorithms.md#impact-loss and the sections after it).
 
 IMPALA plus three changes:
 

@@ -1,4 +1,4 @@
-"""IMPALA: the V-trace actor-critic loss (Espeholt et al. 2018, §4; ALGORITHMS.md §b.1).
+"""IMPALA: the V-trace actor-critic loss (Espeholt et al. 2018, §4; docs/algorithms.md#impala-loss).
 
 L = -Σ log π(a_t|x_t) · A_t  +  baseline_cost · ½ Σ (v_t - V(x_t))²  -  entropy_cost · Σ H(π(·|x_t))
 

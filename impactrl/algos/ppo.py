@@ -1,4 +1,4 @@
-"""Synchronous PPO (Schulman et al. 2017, arXiv 1707.06347; ALGORITHMS.md §d), CleanRL's recipe.
+"""Synchronous PPO (Schulman et al. 2017, arXiv 1707.06347; docs/algorithms.md#ppo-loss), CleanRL's recipe.
 
 All actors collect one unroll each with the same weights, then wait; the learner computes
 GAE(λ) on the whole batch, takes ``update_epochs`` passes of ``num_minibatches`` shuffled

@@ -2,7 +2,7 @@ r"""IMPACT's circular buffer of learner batches.
 
 Luo et al. 2020, "IMPACT: Importance Weighted Asynchronous Architectures with Clipped Target
 Networks", arXiv 1912.00167, §3.2 (the circular buffer), with the sampling semantics of RLlib's
-new-stack ``CircularBuffer`` (ALGORITHMS.md §c.4 and §c.6-3).
+new-stack ``CircularBuffer`` (docs/algorithms.md#circular-buffer).
 
 The buffer holds at most ``N = num_batches`` distinct batches, and each batch may be drawn at
 most ``K = uses_per_batch`` times ("replay coefficient"). Conceptually it is a ring of N·K

@@ -3,7 +3,7 @@
 Inputs are ``[T, B, ...]``. The torso sees ``T·B`` observations at once. With an LSTM, the core
 input at step t is ``concat[features, clip(prev_reward, -1, 1), policy_head.encode_action(
 prev_action)]`` and the ``nn.LSTMCell`` is stepped over T in a Python loop, the state being reset
-to zeros for batch entries whose ``first[t]`` is True BEFORE step t (ALGORITHMS.md §a.5, §f).
+to zeros for batch entries whose ``first[t]`` is True BEFORE step t (docs/algorithms.md#lstm-core).
 So an unroll of T steps at once equals T one-step calls carrying the state (actors vs learner).
 
 A multi-task agent (``num_tasks > 1``) shares the torso and core and has a policy head and a

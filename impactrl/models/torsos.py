@@ -5,7 +5,7 @@ Every torso casts the raw observation itself (to the dtype of its own parameters
 (1/255 by default for the Atari networks, 1 for MinAtar planes and the MLP); any other dtype
 (bool, float) is just cast. Image torsos expect channels-first ``(C, H, W)`` observations.
 
-Architectures follow ALGORITHMS.md §f (IMPALA paper Fig. 3) and the MinAtar paper.
+Architectures follow the IMPALA paper (Fig. 3) and the MinAtar paper: docs/algorithms.md#network-architectures.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@ r"""Generalized advantage estimation (GAE).
 
 Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
 Estimation", arXiv 1506.02438, eq. (16) (the GAE(γ, λ) estimator), as used by PPO
-(ALGORITHMS.md §d).
+(docs/algorithms.md#gae).
 
 Shapes (time-major)
 -------------------

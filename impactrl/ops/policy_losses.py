@@ -5,11 +5,11 @@ r"""Clipped-surrogate policy losses (PPO, IMPACT), value loss and the adaptive K
 - :func:`impact_surrogate`: Luo et al. 2020, "IMPACT: Importance Weighted Asynchronous
   Architectures with Clipped Target Networks", arXiv 1912.00167, §3.1 (the clipped-target
   surrogate with maximal target-worker clipping), as implemented by the author and RLlib APPO
-  (ALGORITHMS.md §c.2 items 2–3).
+  (docs/algorithms.md#impact-loss).
 - :func:`value_loss`: 0.5·mean squared error, optionally with CleanRL's value clipping
-  (ALGORITHMS.md §c.2 item 4 and §d).
+  (docs/algorithms.md#impact-loss, docs/algorithms.md#ppo-loss).
 - :func:`adaptive_kl_coefficient`: the adaptive KL-penalty coefficient of Schulman et al. 2017,
-  §4 (ALGORITHMS.md §c.2 item 6).
+  §4 (docs/algorithms.md#impact-loss).
 
 Shapes: every per-step tensor of one call has the same shape (typically time-major ``[T, B]``,
 but any shape works, the functions are elementwise then reduce). ``mask`` is an optional bool
@@ -136,7 +136,7 @@ def impact_surrogate(
     target_worker_clip: Optional[float],
     mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    r"""IMPACT's clipped-target surrogate (Luo et al. 2020, §3.1; ALGORITHMS.md §c.2 items 2–3).
+    r"""IMPACT's clipped-target surrogate (Luo et al. 2020, §3.1; docs/algorithms.md#impact-loss).
 
     With μ the worker's behaviour policy, π_tgt the target network and ρ = ``target_worker_clip``:
 
@@ -219,11 +219,11 @@ def value_loss(
 ) -> Tensor:
     r"""0.5 · mean squared error of the value head, optionally clipped (CleanRL's PPO).
 
-    Without clipping (``clip_param=None``; IMPACT/APPO, ALGORITHMS.md §c.2 item 4):
+    Without clipping (``clip_param=None``; IMPACT/APPO, docs/algorithms.md#impact-loss):
 
         L_V = 0.5 · mean_t (V_θ(x_t) − R_t)².
 
-    With clipping (PPO as in CleanRL, ALGORITHMS.md §d):
+    With clipping (PPO as in CleanRL, docs/algorithms.md#ppo-loss):
 
         V_clip = V_old + clamp(V_θ − V_old, −ε, ε),
         L_V    = 0.5 · mean_t max( (V_θ − R_t)², (V_clip − R_t)² ).
@@ -265,7 +265,7 @@ def adaptive_kl_coefficient(
 ) -> float:
     r"""One update of the adaptive KL-penalty coefficient β (Schulman et al. 2017, §4).
 
-    As in RLlib (ALGORITHMS.md §c.2 item 6):
+    As in RLlib (docs/algorithms.md#impact-loss):
 
         β ← 1.5 β   if KL > 2 · kl_target,
         β ← 0.5 β   if KL < 0.5 · kl_target,

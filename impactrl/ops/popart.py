@@ -1,5 +1,5 @@
 r"""PopArt: adaptive normalisation of value targets per task (Hessel et al. 2019, arXiv 1809.04474;
-van Hasselt et al. 2016, arXiv 1602.07714; ALGORITHMS.md §e).
+van Hasselt et al. 2016, arXiv 1602.07714; docs/algorithms.md#popart).
 
 Per task i the statistics are the first and second moments μ_i, ν_i of the value targets, and
 
