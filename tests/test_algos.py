@@ -110,7 +110,7 @@ def test_impact_gradients_reach_only_the_online_network(scoring):
 
 
 def test_impact_loss_matches_a_hand_composition():
-    """The loss is exactly the ops composed as ALGORITHMS.md §c.2 writes them."""
+    """The loss is exactly the ops composed as docs/algorithms.md#impact-loss writes them."""
     from impactrl.algos.common import agent_outputs
     from impactrl.ops.policy_losses import impact_surrogate, value_loss
     from impactrl.ops.returns import bootstrap_truncations

@@ -1,4 +1,4 @@
-"""Tests for impactrl.data.circular_buffer.CircularBuffer (IMPACT §3.2, ALGORITHMS.md §c.4).
+"""Tests for impactrl.data.circular_buffer.CircularBuffer (IMPACT §3.2, docs/algorithms.md#circular-buffer).
 
 The property tests drive the buffer with random sequences of add/sample operations and check it
 against a small independent model: an oldest-first list of [batch id, uses left]. The model

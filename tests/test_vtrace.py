@@ -7,7 +7,7 @@ Espeholt et al. 2018 (arXiv 1802.01561) eq. (1), not the backward recursion:
     δ_t = ρ_t (r_t + γ_t V(x_{t+1}) − V(x_t)),
     A_s = ρ^pg_s (r_s + γ_s v_{s+1} − V(x_s)).
 
-Cases 1–5 port DeepMind's scalable_agent ``vtrace_test.py`` (see ALGORITHMS.md §a.6).
+Cases 1–5 port DeepMind's scalable_agent ``vtrace_test.py`` (docs/algorithms.md#v-trace-reference-tests).
 """
 
 from __future__ import annotations
