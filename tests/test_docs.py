@@ -93,3 +93,17 @@ def test_a_documented_command_runs_as_written(doc: str, command: str, fenced: bo
         args[args.index("--out") + 1] = str(tmp_path / "run")
     request = resolve_train_config(args)
     validate_train(request.config, request.resume)
+
+
+def test_every_cited_section_of_the_algorithms_page_exists():
+    """Code and docs cite sections of docs/algorithms.md by anchor; each is a heading there (GitHub's slugs)."""
+    page = re.sub(r"```.*?```", "", (ROOT / "docs" / "algorithms.md").read_text(), flags=re.S)
+    anchors = {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+               for heading in re.findall(r"^#{1,6} (.+)$", page, re.M)}
+    cited = {}
+    for folder in ("impactrl", "tests", "benchmarks", "experiments", "docs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".yaml") and path.is_file():
+                for anchor in re.findall(r"algorithms\.md#([a-z0-9-]+)", path.read_text()):
+                    cited.setdefault(anchor, path)
+    assert cited and {anchor: str(path) for anchor, path in cited.items() if anchor not in anchors} == {}

@@ -147,13 +147,13 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
     try:
         board = ray.remote(WeightsBoard).options(num_cpus=0).remote()
         actor = ray.remote(RayActor).options(num_cpus=0, max_restarts=-1, max_concurrency=4).remote(
-            config, 0, spec, 1, board)
+            config, [0], spec, 1, board)
         start = StartArgs(generation=0, reward_stats=None)
         sink.publish(learner.agent, 7)
-        reply = ray.get(actor.take.remote(start, sink.latest()), timeout=120)
+        reply = ray.get(actor.take.remote(0, start, sink.latest()), timeout=120)
         assert reply.record.policy_version == 7
         # Its loop now waits for a publication newer than 7, and no take is out: the board brings it.
-        pending = actor.take.remote(start, sink.latest())
+        pending = actor.take.remote(0, start, sink.latest())
         sink.publish(learner.agent, 8)
         board.post.remote(sink.latest())
         assert ray.get(pending, timeout=120).record.policy_version == 8
@@ -164,7 +164,7 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
         deadline = time.monotonic() + 120
         while True:  # the calls fail until Ray has restarted the process
             try:
-                reply = ray.get(actor.take.remote(StartArgs(1, None), newest), timeout=120)
+                reply = ray.get(actor.take.remote(0, StartArgs(1, None), newest), timeout=120)
                 break
             except ray.exceptions.RayActorError:
                 assert time.monotonic() < deadline

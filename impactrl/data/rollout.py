@@ -15,7 +15,7 @@ One *slot* holds one actor's unroll over its E environments, time-major::
 ``first[t]`` marks x_t as the first observation of an episode (the recurrent core resets before
 it). ``truncated[t]`` means the episode was cut by a time limit after a_t: x_{t+1} is then already
 the reset observation of the next episode, and ``truncation_value[t]`` holds the actor's value
-of the real final observation, so the learner can bootstrap from it (ALGORITHMS.md §a.5).
+of the real final observation, so the learner can bootstrap from it (docs/algorithms.md#episode-ends-and-truncation).
 ``episode_return[t]`` is the undiscounted, unclipped return of a whole game that ended after
 a_t, NaN everywhere else. ``core_state`` is the recurrent state before x_0.
 

@@ -58,6 +58,7 @@ from impactrl.errors import ActorFailed, EnvBroken, UserError
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
+from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
 from impactrl.runtime.learner import Learner, LearnerCounters, count_restart, run_learner
 from impactrl.runtime.local import StopRequests, learner_threads
 
@@ -224,6 +225,11 @@ class ObjectStoreWeightSource:
         latest = self._latest
         return 0 if latest is None else latest.publication
 
+    def version(self) -> int:
+        """The newest version received (a synthetic actor tags its unrolls with it, loading nothing)."""
+        latest = self._latest
+        return -1 if latest is None else latest.version
+
     def load_into(self, agent: Agent) -> tuple[int, int]:
         with self._arrived:
             self._arrived.wait_for(lambda: self._latest is not None)
@@ -244,7 +250,8 @@ class ObjectStoreOutbox:
     """RolloutSink of one actor: one preallocated slot, copied out on commit (at most ``in_flight``
     copies not yet taken by the learner)."""
 
-    def __init__(self, spec: RolloutSpec, in_flight: int):
+    def __init__(self, spec: RolloutSpec, in_flight: int, actor_id: int):
+        self.actor_id = actor_id
         self.store = SlotStore(spec, 1, shared=False)
         self.space = threading.Semaphore(in_flight)  # unrolls copied out and not yet taken
         self.ready: queue.Queue = queue.Queue()
@@ -254,6 +261,9 @@ class ObjectStoreOutbox:
         while not self.space.acquire(timeout=1.0):
             self.heartbeat()
         return 0
+
+    def try_acquire(self) -> int | None:
+        return 0 if self.space.acquire(blocking=False) else None
 
     def arrays(self, slot: int) -> dict[str, np.ndarray]:
         return self.store.slot_arrays(slot)
@@ -290,36 +300,47 @@ class WeightsBoard:
 
 
 class RayActor:
-    """One actor: ``run_actor`` on a thread of this Ray actor, its unrolls handed out by ``take``.
+    """One process of actors: ``run_actor`` on a thread (or, with ``synthetic``, several simulated
+    actors replaying recorded unrolls: runtime/synthetic.py), each actor's unrolls handed out by
+    ``take``.
 
     Weights come with every take; a synchronous (PPO) actor also pulls each new publication from
     the WeightsBoard, since its takes are all out while it waits for one."""
 
-    def __init__(self, config: TrainConfig, actor_id: int, spec: RolloutSpec, in_flight: int, board=None):
-        self.config, self.actor_id = config, actor_id
-        self.board = board
+    def __init__(self, config: TrainConfig, actor_ids: list[int], spec: RolloutSpec, in_flight: int, board=None,
+                 synthetic: Synthetic | None = None):
+        self.config, self.actor_ids, self.spec = config, actor_ids, spec
+        self.board, self.synthetic = board, synthetic
         self.weights = ObjectStoreWeightSource(delta_bound(config))
-        self.outbox = ObjectStoreOutbox(spec, in_flight)
+        self.outboxes = {actor_id: ObjectStoreOutbox(spec, in_flight, actor_id) for actor_id in actor_ids}
         self.failure: ActorLoopFailed | None = None
         self._lock = threading.Lock()
         self._loop: threading.Thread | None = None
-        self._replied = False
+        self._replied: set[int] = set()
 
     def _run(self, start: StartArgs) -> None:
         try:
             # Ray kills this process at the end of the run, so the loop never stops by itself.
-            run_actor(self.config, self.actor_id, self.weights, self.outbox, lambda: False, start.generation,
-                      start.reward_stats)
+            if self.synthetic is None:
+                run_actor(self.config, self.actor_ids[0], self.weights, self.outboxes[self.actor_ids[0]], lambda: False,
+                          start.generation, start.reward_stats)
+            else:
+                recorded, reward_stats = record_unrolls(self.config, self.spec, self.actor_ids[0], start.generation,
+                                                        self.weights, self.synthetic.recorded_unrolls)
+                replay(recorded, reward_stats, list(self.outboxes.values()), self.weights.version, lambda: False,
+                       lambda timeout: time.sleep(min(timeout, 0.001)))
         except BaseException as error:  # noqa: BLE001 - handed to the learner by take()
             self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc())
 
-    def take(self, start: StartArgs, weights: WeightsMessage) -> TakeReply:
-        """The next unroll this actor puts (waiting for it); the first call starts the loop with ``start``."""
+    def take(self, actor_id: int, start: StartArgs, weights: WeightsMessage) -> TakeReply:
+        """The next unroll actor ``actor_id`` puts (waiting for it); the first call starts the loop with ``start``."""
         self.weights.receive(weights)
+        outbox = self.outboxes[actor_id]
         with self._lock:
             if self._loop is None:
                 # Until its first heartbeat the loop gets twice the timeout, for env start-up.
-                self.outbox.beat = time.monotonic() + self.config.actor_stall_timeout_s
+                for box in self.outboxes.values():
+                    box.beat = time.monotonic() + self.config.actor_stall_timeout_s
                 self._loop = threading.Thread(target=self._run, args=(start,), name="impactrl-actor", daemon=True)
                 self._loop.start()
                 if self.board is not None:
@@ -328,21 +349,22 @@ class RayActor:
             if self.failure is not None:
                 raise self.failure
             try:
-                arrays, record, created_at = self.outbox.ready.get(timeout=1.0)
+                arrays, record, created_at = outbox.ready.get(timeout=1.0)
             except queue.Empty:
                 continue
-            self.outbox.space.release()
-            with self._lock:  # the process's first unroll tells the learner where it runs
-                fresh, self._replied = not self._replied, True
+            outbox.space.release()
+            with self._lock:  # an actor's first unroll from this process tells the learner where it runs
+                fresh = actor_id not in self._replied
+                self._replied.add(actor_id)
             return TakeReply(where_am_i() if fresh else None, arrays, record, created_at)
 
     def _pull(self) -> None:
         while True:
             self.weights.receive(ray.get(self.board.newer_than.remote(self.weights.publication())))
 
-    def silent_s(self) -> float:
-        """Seconds since the actor loop's last heartbeat (answered by another thread than the loop's)."""
-        return time.monotonic() - self.outbox.beat
+    def silent_s(self, actor_id: int) -> float:
+        """Seconds since the actor's last heartbeat (answered by another thread than the loop's)."""
+        return time.monotonic() - self.outboxes[actor_id].beat
 
 
 # --- the learner side -------------------------------------------------------------------------
@@ -433,30 +455,34 @@ class RayActors:
     """The actors on the cluster: the learner's BatchSource, and the bookkeeping of their restarts."""
 
     def __init__(self, config: TrainConfig, learner: Learner, spec: RolloutSpec, weights: ObjectStoreWeightSink,
-                 run_dir: Path, report: Callable[[str], None]):
+                 run_dir: Path, report: Callable[[str], None], synthetic: Synthetic | None = None):
         self.config, self.learner, self.weights, self.run_dir = config, learner, weights, run_dir
         self.report = report  # a line for the user: restarts, long waits
         self.in_flight = unrolls_in_flight(config)
         self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.owner: dict = {}  # take call -> ActorHandle
+        per_process = 1 if synthetic is None else synthetic.actors_per_process
         remote = ray.remote(RayActor).options(
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
-            max_concurrency=self.in_flight + 2,  # every take waits in its own thread; silent_s never queues
+            # every take waits in its own thread; silent_s never queues
+            max_concurrency=per_process * (self.in_flight + 1) + 1,
             scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
         # PPO's actors pull each publication from a board; the rest learn it from their next take.
         self.board = (ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=10_000).remote()
                       if config.synchronous else None)
         self.posted = 0  # the publication last posted on the board
-        self.actors = [ActorHandle(i, remote.remote(config, i, spec, self.in_flight, self.board),
-                                   learner.counters.updates)
-                       for i in range(config.num_actors)]
+        self.actors = []
+        for first in range(0, config.num_actors, per_process):
+            ids = list(range(first, min(first + per_process, config.num_actors)))
+            handle = remote.remote(config, ids, spec, self.in_flight, self.board, synthetic)
+            self.actors += [ActorHandle(i, handle, learner.counters.updates) for i in ids]
         self.learner_where = where_am_i()
         self.waited_s = 0.0
         self.wait_reported = False
 
     def stop_all(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor.handle, no_restart=True)
+        for handle in {id(actor.handle): actor.handle for actor in self.actors}.values():
+            ray.kill(handle, no_restart=True)
         if self.board is not None:
             ray.kill(self.board)
 
@@ -493,7 +519,7 @@ class RayActors:
         for actor in self.actors:
             while len(actor.pending) + actor.held < self.in_flight:
                 call = actor.handle.take.remote(
-                    StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
+                    actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
                 actor.pending.add(call)
                 self.owner[call] = actor
         if self.board is not None and weights.publication > self.posted:
@@ -530,7 +556,7 @@ class RayActors:
             if not actor.pending or now - actor.last_reply < timeout:
                 continue
             if actor.probe is None:
-                actor.probe, actor.probe_sent = actor.handle.silent_s.remote(), now
+                actor.probe, actor.probe_sent = actor.handle.silent_s.remote(actor.actor_id), now
                 continue
             answered = ray.wait([actor.probe], timeout=0)[0]
             if not answered and now - actor.probe_sent < timeout:
@@ -650,15 +676,17 @@ def connect(config: TrainConfig) -> None:
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
 
 
-def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter) -> LearnerCounters:
-    """Start the actors on the cluster, run the learner loop here until the step budget is spent."""
+def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+        synthetic: Synthetic | None = None) -> LearnerCounters:
+    """Start the actors (or ``synthetic`` ones) on the cluster, run the learner loop here until the
+    step budget is spent."""
     # A joined cluster's actors are elsewhere: then the learner keeps torch's own thread count.
     if config.ray_address is None or config.learner_threads:
         torch.set_num_threads(learner_threads(config))
     connect(config)
     try:
         weights = ObjectStoreWeightSink(config)
-        actors = RayActors(config, learner, spec, weights, run_dir, writer.message)
+        actors = RayActors(config, learner, spec, weights, run_dir, writer.message, synthetic)
         write_run_info(run_dir, config, actors.learner_where, actors.actors)
         with StopRequests() as stops:
             def check_health() -> None:
