@@ -128,9 +128,9 @@ def test_impact_loss_matches_a_hand_composition():
         logp = head.log_prob(out.policy[:-1], batch["action"])
         tlogp = head.log_prob(tgt.policy[:-1], batch["action"])
         mu = batch["behaviour_log_prob"]
-        r, d, td = bootstrap_truncations(batch["reward"], batch["terminated"], batch["truncated"],
+        r, d = bootstrap_truncations(batch["reward"], batch["terminated"], batch["truncated"],
                                          batch["truncation_value"], config.discount)
-        vt = vtrace_from_importance_weights(tlogp - mu, d, r, out.value[:-1], out.value[-1], trace_discounts=td)
+        vt = vtrace_from_importance_weights(tlogp - mu, d, r, out.value[:-1], out.value[-1])
         ratio = torch.exp(logp - mu) * torch.clamp(torch.exp(mu - tlogp), max=2.0)
         surrogate = -torch.min(ratio * vt.pg_advantages, ratio.clamp(0.6, 1.4) * vt.pg_advantages).mean()
         expected = (surrogate + 0.5 * 0.5 * (vt.vs - out.value[:-1]).pow(2).mean()

@@ -3,10 +3,10 @@
 GAE is checked against an independent float64 numpy reference written as the explicit sum of
 Schulman et al. 2016 (arXiv 1506.02438) eq. (16), not the backward recursion:
 
-    Â_t = Σ_{l=0}^{T−1−t} ( Π_{i=t}^{t+l−1} λ η_i ) δ_{t+l},
+    Â_t = Σ_{l=0}^{T−1−t} ( Π_{i=t}^{t+l−1} λ γ_i ) δ_{t+l},
     δ_t = r_t + γ_t V(x_{t+1}) − V(x_t),
 
-(with η = γ(1 − done) this is Σ_l (γλ)^l δ_{t+l} cut at episode ends). The surrogate losses are
+(with γ_t = γ(1 − done) this is Σ_l (γλ)^l δ_{t+l} cut at episode ends). The surrogate losses are
 checked on small examples whose expected numbers are worked out by hand in the comments.
 """
 
@@ -46,12 +46,11 @@ def tol(dtype):
 # --------------------------------------------------------------------------------------------
 
 
-def reference_gae(rewards, values, bootstrap, discounts, lam, trace_discounts):
-    """float64 numpy explicit sum of eq. (16) with per-step trace cuts."""
+def reference_gae(rewards, values, bootstrap, discounts, lam):
+    """float64 numpy explicit sum of eq. (16) with per-step cuts where γ_t = 0."""
     r = np.asarray(rewards, np.float64)
     v = np.asarray(values, np.float64)
     g = np.asarray(discounts, np.float64)
-    eta = np.asarray(trace_discounts, np.float64)
     T = r.shape[0]
     v_next = np.concatenate([v[1:], np.asarray(bootstrap, np.float64)[None]], axis=0)
     delta = r + g * v_next - v
@@ -60,7 +59,7 @@ def reference_gae(rewards, values, bootstrap, discounts, lam, trace_discounts):
         for k in range(T - t):
             coeff = np.ones_like(v[0])
             for i in range(t, t + k):
-                coeff = coeff * lam * eta[i]
+                coeff = coeff * lam * g[i]
             adv[t] += coeff * delta[t + k]
     return adv, adv + v
 
@@ -71,10 +70,9 @@ def random_episode_inputs(rng, T, B, gamma, dtype):
     bootstrap = rng.normal(size=(B,))
     terminated = rng.random((T, B)) < 0.15
     truncated = (rng.random((T, B)) < 0.15) & ~terminated
-    discounts = gamma * (1.0 - terminated)
-    trace_discounts = gamma * (1.0 - (terminated | truncated))
+    discounts = gamma * (1.0 - (terminated | truncated))
     to = lambda x: torch.tensor(x, dtype=dtype)  # noqa: E731
-    return (to(rewards), to(values), to(bootstrap), to(discounts), to(trace_discounts))
+    return (to(rewards), to(values), to(bootstrap), to(discounts))
 
 
 @FAST
@@ -83,20 +81,15 @@ def random_episode_inputs(rng, T, B, gamma, dtype):
     B=st.integers(1, 3),
     gamma=st.floats(0.0, 1.0),
     lam=st.floats(0.0, 1.0),
-    separate_trace=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
     dtype=st.sampled_from(DTYPES),
 )
-def test_gae_matches_explicit_sum(T, B, gamma, lam, separate_trace, seed, dtype):
+def test_gae_matches_explicit_sum(T, B, gamma, lam, seed, dtype):
     rng = np.random.default_rng(seed)
-    rewards, values, bootstrap, discounts, trace = random_episode_inputs(rng, T, B, gamma, dtype)
-    out = generalized_advantage_estimation(
-        rewards, values, bootstrap, discounts, lam, trace if separate_trace else None
-    )
+    rewards, values, bootstrap, discounts = random_episode_inputs(rng, T, B, gamma, dtype)
+    out = generalized_advantage_estimation(rewards, values, bootstrap, discounts, lam)
     assert isinstance(out, GAEReturns)
-    exp_adv, exp_ret = reference_gae(
-        rewards, values, bootstrap, discounts, lam, trace if separate_trace else discounts
-    )
+    exp_adv, exp_ret = reference_gae(rewards, values, bootstrap, discounts, lam)
     assert out.advantages.dtype == dtype and out.advantages.shape == (T, B)
     np.testing.assert_allclose(out.advantages.numpy(), exp_adv, **tol(dtype))
     np.testing.assert_allclose(out.returns.numpy(), exp_ret, **tol(dtype))
@@ -105,7 +98,7 @@ def test_gae_matches_explicit_sum(T, B, gamma, lam, separate_trace, seed, dtype)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gae_lambda_one_is_discounted_return_minus_value(dtype):
     rng = np.random.default_rng(0)
-    rewards, values, bootstrap, discounts, _ = random_episode_inputs(rng, 9, 4, 0.97, dtype)
+    rewards, values, bootstrap, discounts = random_episode_inputs(rng, 9, 4, 0.97, dtype)
     out = generalized_advantage_estimation(rewards, values, bootstrap, discounts, 1.0)
     expected = discounted_returns(rewards, discounts, bootstrap)
     torch.testing.assert_close(out.returns, expected, **tol(dtype))
@@ -115,8 +108,8 @@ def test_gae_lambda_one_is_discounted_return_minus_value(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gae_lambda_zero_is_td_error(dtype):
     rng = np.random.default_rng(1)
-    rewards, values, bootstrap, discounts, trace = random_episode_inputs(rng, 6, 3, 0.9, dtype)
-    out = generalized_advantage_estimation(rewards, values, bootstrap, discounts, 0.0, trace)
+    rewards, values, bootstrap, discounts = random_episode_inputs(rng, 6, 3, 0.9, dtype)
+    out = generalized_advantage_estimation(rewards, values, bootstrap, discounts, 0.0)
     values_tp1 = torch.cat([values[1:], bootstrap[None]])
     torch.testing.assert_close(out.advantages, rewards + discounts * values_tp1 - values)
 
@@ -132,17 +125,6 @@ def test_gae_hand_example():
     )
     torch.testing.assert_close(out.advantages[:, 0], t64(1.5, 0.0, 4.0))
     torch.testing.assert_close(out.returns[:, 0], t64(1.5, 1.0, 4.0))
-
-
-def test_gae_trace_cut_only_stops_recursion():
-    # Truncation at t = 0 (trace cut, bootstrap kept): Â_0 = δ_0 with γ V(x_1) still in δ_0.
-    r = torch.tensor([[0.0], [1.0]])
-    v = torch.tensor([[0.0], [2.0]])
-    disc = torch.tensor([[1.0], [1.0]])
-    trace = torch.tensor([[0.0], [1.0]])
-    out = generalized_advantage_estimation(r, v, torch.tensor([0.0]), disc, 1.0, trace)
-    # δ = [0 + 2 − 0, 1 + 0 − 2] = [2, −1]; Â_1 = −1; Â_0 = 2 (cut).
-    torch.testing.assert_close(out.advantages[:, 0], torch.tensor([2.0, -1.0]))
 
 
 def test_gae_no_gradient():
@@ -162,8 +144,7 @@ def test_gae_trailing_dims_broadcast():
     bootstrap = torch.tensor(rng.normal(size=(2, 3)))
     discounts = torch.full((4, 2, 1), 0.9, dtype=torch.float64)
     out = generalized_advantage_estimation(rewards, values, bootstrap, discounts, 0.8)
-    exp_adv, _ = reference_gae(rewards, values, bootstrap, discounts.expand(4, 2, 3), 0.8,
-                               discounts.expand(4, 2, 3))
+    exp_adv, _ = reference_gae(rewards, values, bootstrap, discounts.expand(4, 2, 3), 0.8)
     np.testing.assert_allclose(out.advantages.numpy(), exp_adv, rtol=1e-10, atol=1e-10)
 
 
@@ -175,7 +156,6 @@ def test_gae_trailing_dims_broadcast():
         (dict(bootstrap_value=torch.zeros(3)), "bootstrap_value"),
         (dict(discounts=torch.zeros(3, 2)), "discounts"),
         (dict(discounts=torch.zeros(4)), "discounts"),
-        (dict(trace_discounts=torch.zeros(4, 3)), "trace_discounts"),
         (dict(values=torch.zeros(4)), "values"),
         (dict(rewards=torch.zeros(4, 2, dtype=torch.float64)), "rewards"),
         (dict(rewards=torch.zeros(4, 2, dtype=torch.long)), "rewards"),

@@ -45,14 +45,12 @@ def reference_vtrace(
     clip_pg_rho_threshold=1.0,
     clip_c_threshold=1.0,
     lambda_=1.0,
-    trace_discounts=None,
 ):
     """Literal eq. (1) in float64 numpy; returns (vs, pg_advantages) with the shape of values."""
     f = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     log_rhos, discounts, rewards, values, bootstrap_value = map(
         f, (log_rhos, discounts, rewards, values, bootstrap_value)
     )
-    eta = discounts if trace_discounts is None else f(trace_discounts)
     shape = values.shape
     rhos = np.exp(log_rhos)
     clip = lambda x, c: x if c is None else np.minimum(c, x)  # noqa: E731
@@ -60,7 +58,6 @@ def reference_vtrace(
     cs = np.broadcast_to(lambda_ * clip(rhos, clip_c_threshold), shape)
     pg_rho = np.broadcast_to(clip(rhos, clip_pg_rho_threshold), shape)
     gamma = np.broadcast_to(discounts, shape)
-    eta = np.broadcast_to(eta, shape)
     T = shape[0]
 
     def v_of(t):  # V(x_t), with V(x_T) = bootstrap
@@ -73,7 +70,7 @@ def reference_vtrace(
         for t in range(s, T):
             prod = np.ones(shape[1:])
             for i in range(s, t):
-                prod = prod * eta[i] * cs[i]
+                prod = prod * gamma[i] * cs[i]
             total = total + prod * delta[t]
         vs[s] = total
     vs_tp1 = np.concatenate([vs[1:], bootstrap_value[None]], axis=0)
@@ -273,7 +270,6 @@ def test_inconsistent_rank_raises():
         (dict(rewards=torch.zeros(5, 3)), r"rewards and values must have the same shape.*\(5, 3\)"),
         (dict(bootstrap_value=torch.zeros(3)), r"bootstrap_value must have the shape of values"),
         (dict(log_rhos=torch.zeros(4, 2), discounts=torch.zeros(4, 2)), r"log_rhos must have T"),
-        (dict(trace_discounts=torch.zeros(6, 2)), r"trace_discounts must have T = 5"),
         (dict(log_rhos=torch.zeros(5, 3)), r"log_rhos shape \(5, 3\) does not broadcast"),
         (dict(values=torch.zeros(5), rewards=torch.zeros(5)), r"values must be time-major"),
         (dict(rewards=torch.zeros(5, 2, dtype=torch.int64)), r"rewards must be a floating-point"),
@@ -303,7 +299,7 @@ def test_action_log_probs_validation():
 
 
 # --------------------------------------------------------------------------------------------
-# Golden values, λ < 1, on-policy, episode boundaries, trace discounts
+# Golden values, λ < 1, on-policy, episode boundaries
 # --------------------------------------------------------------------------------------------
 
 
@@ -406,35 +402,6 @@ def test_episode_end_cuts_trace(T, B, data, seed):
     assert_close(full.pg_advantages, pg, torch.float64)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_trace_discounts_separate_from_discounts(dtype):
-    """Bootstrap kept (γ_k > 0) but trace cut (η_k = 0) at a truncation-like step."""
-    rng = np.random.default_rng(5)
-    T, B, k = 7, 3, 3
-    inputs = random_inputs(rng, T, B)
-    inputs["log_rhos"] = rng.normal(0.0, 1.5, (T, B))
-    trace_discounts = inputs["discounts"].copy()
-    trace_discounts[k, :2] = 0.0
-    kwargs = dict(clip_rho_threshold=2.0, clip_pg_rho_threshold=1.5, clip_c_threshold=1.0)
-    out = vtrace_from_importance_weights(
-        **to_torch(inputs, dtype), trace_discounts=t_(trace_discounts, dtype), **kwargs
-    )
-    vs, pg = reference_vtrace(**inputs, trace_discounts=trace_discounts, **kwargs)
-    assert_close(out.vs, vs, dtype)
-    assert_close(out.pg_advantages, pg, dtype)
-    # It genuinely differs from using discounts for the trace at steps <= k of the cut columns
-    # (a_k = δ_k + η_k c_k a_{k+1} loses its trace term), and only there.
-    plain = vtrace_from_importance_weights(**to_torch(inputs, dtype), **kwargs)
-    assert not torch.allclose(plain.vs[: k + 1, :2], out.vs[: k + 1, :2])
-    torch.testing.assert_close(plain.vs[k + 1 :], out.vs[k + 1 :])
-    torch.testing.assert_close(plain.vs[:, 2], out.vs[:, 2])
-    # Passing trace_discounts = discounts is the default.
-    same = vtrace_from_importance_weights(
-        **to_torch(inputs, dtype), trace_discounts=t_(inputs["discounts"], dtype), **kwargs
-    )
-    torch.testing.assert_close(same.vs, plain.vs, rtol=0, atol=0)
-
-
 # --------------------------------------------------------------------------------------------
 # Gradients
 # --------------------------------------------------------------------------------------------
@@ -444,8 +411,7 @@ def test_no_gradient_into_outputs():
     inputs = to_torch(ground_truth_inputs(batch_size=3), torch.float32)
     for v in inputs.values():
         v.requires_grad_(True)
-    trace = inputs["discounts"].detach().clone().requires_grad_(True)
-    out = vtrace_from_importance_weights(**inputs, trace_discounts=trace)
+    out = vtrace_from_importance_weights(**inputs)
     for x in out:
         assert not x.requires_grad
         assert x.grad_fn is None
@@ -482,21 +448,20 @@ def test_bootstrap_truncations_hand_example():
     terminated = torch.tensor([[False, False, False], [True, False, True], [False, False, False]])
     truncated = torch.tensor([[False, False, False], [False, True, True], [False, False, False]])
     truncation_values = torch.tensor([[nan, nan, nan], [nan, 10.0, 100.0], [nan, nan, nan]])
-    r, d, td = bootstrap_truncations(rewards, terminated, truncated, truncation_values, g)
+    r, d = bootstrap_truncations(rewards, terminated, truncated, truncation_values, g)
 
     expected_r = torch.tensor([[1.0, 1.0, 1.0], [2.0, 10.0, 2.0], [3.0, 1.0, 3.0]])
     torch.testing.assert_close(r, expected_r)
     expected_d = torch.tensor([[0.9, 0.9, 0.9], [0.0, 0.0, 0.0], [0.9, 0.9, 0.9]])
     torch.testing.assert_close(d, expected_d)
-    torch.testing.assert_close(td, expected_d)
-    assert r.dtype == d.dtype == td.dtype == torch.float32
+    assert r.dtype == d.dtype == torch.float32
 
     # On-policy V-trace on these outputs; values arbitrary, bootstrap V(x_3) = [5, 7, 5].
     values = torch.tensor([[0.3, -1.0, 0.0], [2.0, 4.0, 0.5], [0.1, 0.2, 0.3]])
     bootstrap = torch.tensor([5.0, 7.0, 5.0])
     out = vtrace_from_importance_weights(
         log_rhos=torch.zeros(3, 3), discounts=d, rewards=r, values=values,
-        bootstrap_value=bootstrap, trace_discounts=td,
+        bootstrap_value=bootstrap,
     )
     # Hand-computed returns:
     #   col 0 (terminated at 1): G_2 = 3 + 0.9·5 = 7.5, G_1 = 2, G_0 = 1 + 0.9·2 = 2.8

@@ -18,8 +18,8 @@ def agent_outputs(agent: Agent, batch: Batch) -> AgentOutput:
     return output
 
 
-def rewards_and_discounts(config: TrainConfig, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Transformed rewards with truncations bootstrapped, the bootstrap discounts and the trace discounts."""
+def rewards_and_discounts(config: TrainConfig, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Transformed rewards with truncations bootstrapped, and the discounts (0 at episode ends)."""
     rewards = batch["reward"].clamp(-1.0, 1.0) if config.reward_clip == "abs_one" else batch["reward"]
     return bootstrap_truncations(rewards, batch["terminated"], batch["truncated"], batch["truncation_value"],
                                  config.discount)
@@ -28,11 +28,11 @@ def rewards_and_discounts(config: TrainConfig, batch: Batch) -> tuple[torch.Tens
 def vtrace_targets(config: TrainConfig, batch: Batch, log_rhos: torch.Tensor, values: torch.Tensor,
                    bootstrap_value: torch.Tensor) -> VTraceReturns:
     """V-trace value targets and advantages for a batch, with the config's ρ̄, ρ̄_pg, c̄ and λ."""
-    rewards, discounts, trace_discounts = rewards_and_discounts(config, batch)
+    rewards, discounts = rewards_and_discounts(config, batch)
     return vtrace_from_importance_weights(
         log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
         clip_rho_threshold=config.clip_rho_threshold, clip_pg_rho_threshold=config.clip_pg_rho_threshold,
-        clip_c_threshold=config.clip_c_threshold, lambda_=config.vtrace_lambda, trace_discounts=trace_discounts)
+        clip_c_threshold=config.clip_c_threshold, lambda_=config.vtrace_lambda)
 
 
 def loss_terms(agent: Agent, batch: Batch, output: AgentOutput, vtrace: VTraceReturns) -> tuple[torch.Tensor, ...]:

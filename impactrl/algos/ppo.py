@@ -37,9 +37,8 @@ class PPO(Algorithm):
     def add_batch(self, batch: Batch) -> None:
         c = self.config
         values = agent_outputs(self.agent, batch).value
-        rewards, discounts, trace_discounts = rewards_and_discounts(c, batch)
-        gae = generalized_advantage_estimation(rewards, values[:-1], values[-1], discounts, c.gae_lambda,
-                                               trace_discounts=trace_discounts)
+        rewards, discounts = rewards_and_discounts(c, batch)
+        gae = generalized_advantage_estimation(rewards, values[:-1], values[-1], discounts, c.gae_lambda)
         steps = {
             "obs": batch["obs"][:-1], "task": batch["task"][:-1], "action": batch["action"],
             "behaviour_log_prob": batch["behaviour_log_prob"], "advantages": gae.advantages,

@@ -12,30 +12,29 @@ name                   shape       meaning
 ``rewards``            [T, B]      r_t, the reward that followed a_t
 ``values``             [T, B]      V(x_t)
 ``bootstrap_value``    [B]         V(x_T), the value of the observation after the unroll
-``discounts``          [T, B]      γ_t; multiplies the bootstrap V(x_{t+1}) (0 on termination)
-``trace_discounts``    [T, B]      η_t; multiplies the recursion; defaults to ``discounts``
+``discounts``          [T, B]      γ_t; multiplies V(x_{t+1}) and the recursion (0 at an episode
+                                   end)
 =====================  ==========  ==========================================================
 
 Same time-index convention as :mod:`impactrl.ops.vtrace`: index ``t`` refers to the transition
 ``(x_t, a_t, r_t, γ_t, x_{t+1})`` and ``bootstrap_value`` plays the role of ``values[T]``.
 Extra trailing dims are allowed (``[T, B, ...]``): ``rewards`` has exactly the shape of
-``values``, ``bootstrap_value`` that of ``values[0]``, and ``discounts``/``trace_discounts`` the
-rank of ``values`` with each dim equal or 1.
+``values``, ``bootstrap_value`` that of ``values[0]``, and ``discounts`` the rank of ``values``
+with each dim equal or 1.
 
 Maths
 -----
     δ_t = r_t + γ_t · V(x_{t+1}) − V(x_t),          V(x_T) := bootstrap_value,
     Â_T = 0,
-    Â_t = δ_t + η_t · λ · Â_{t+1}                  for t = T−1, …, 0,
+    Â_t = δ_t + γ_t · λ · Â_{t+1}                  for t = T−1, …, 0,
     R_t = Â_t + V(x_t)                             (the value targets, "returns").
 
-With η = γ this is eq. (16), Â_t = Σ_l (γλ)^l δ_{t+l}, cut where η = 0. λ = 1 gives the
-discounted return minus the value, λ = 0 the one-step TD error δ_t.
+This is eq. (16), Â_t = Σ_l (γλ)^l δ_{t+l}, cut where γ_t = 0. λ = 1 gives the discounted
+return minus the value, λ = 0 the one-step TD error δ_t.
 
-Episode ends: as in V-trace, ``discounts`` zeroes the bootstrap (pass γ·(1 − terminated)) and
-``trace_discounts`` cuts the recursion (pass γ·(1 − (terminated | truncated))); see
-:func:`impactrl.ops.returns.bootstrap_truncations` for folding V(x_final) of a truncated episode
-into the reward.
+Episode ends: as in V-trace, ``discounts`` zeroes both the bootstrap and the recursion (pass
+γ·(1 − done)); see :func:`impactrl.ops.returns.bootstrap_truncations` for folding V(x_final) of
+a truncated episode into the reward.
 
 Gradients
 ---------
@@ -45,7 +44,7 @@ inputs, without gradient.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -80,7 +79,6 @@ def _validate_gae_inputs(
     bootstrap_value: Tensor,
     discounts: Tensor,
     lambda_: float,
-    trace_discounts: Optional[Tensor],
 ) -> None:
     named = [
         ("rewards", rewards),
@@ -88,8 +86,6 @@ def _validate_gae_inputs(
         ("bootstrap_value", bootstrap_value),
         ("discounts", discounts),
     ]
-    if trace_discounts is not None:
-        named.append(("trace_discounts", trace_discounts))
     for name, x in named:
         check_float_tensor(name, x)
 
@@ -97,11 +93,7 @@ def _validate_gae_inputs(
     check_has_time_steps("values", values)
     check_same_shape("rewards", rewards, "values", values)
     check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
-    per_step = [("discounts", discounts)]
-    if trace_discounts is not None:
-        per_step.append(("trace_discounts", trace_discounts))
-    for name, x in per_step:
-        check_per_step(name, x, "values", values)
+    check_per_step("discounts", discounts, "values", values)
     for name, x in named:
         check_same_dtype(name, x, "values", values)
         check_same_device(name, x, "values", values)
@@ -114,7 +106,6 @@ def generalized_advantage_estimation(
     bootstrap_value: Tensor,
     discounts: Tensor,
     lambda_: float,
-    trace_discounts: Optional[Tensor] = None,
 ) -> GAEReturns:
     r"""GAE(γ, λ) advantages and value targets (Schulman et al. 2016, eq. (16)).
 
@@ -122,12 +113,9 @@ def generalized_advantage_estimation(
         rewards: ``[T, B, ...]`` r_t.
         values: ``[T, B, ...]`` V(x_t).
         bootstrap_value: ``[B, ...]`` V(x_T), the shape of ``values[0]``.
-        discounts: ``[T, B, ...]`` γ_t, multiplies V(x_{t+1}) in δ_t (0 where the episode
-            terminated at step t).
+        discounts: ``[T, B, ...]`` γ_t, multiplies V(x_{t+1}) in δ_t and λ·Â_{t+1} in the
+            recursion (0 where the episode ended at step t).
         lambda_: λ in [0, 1].
-        trace_discounts: ``[T, B, ...]`` η_t, multiplies λ·Â_{t+1} in the recursion; ``None``
-            (default) means ``discounts``. Use it to cut the recursion on any episode end while
-            zeroing the bootstrap only on termination.
 
     Returns:
         :class:`GAEReturns` ``(advantages, returns)``, both of the shape, dtype and device of
@@ -136,17 +124,16 @@ def generalized_advantage_estimation(
     Raises:
         ValueError: if ranks, shapes, dtypes, devices or ``lambda_`` are inconsistent.
     """
-    _validate_gae_inputs(rewards, values, bootstrap_value, discounts, lambda_, trace_discounts)
+    _validate_gae_inputs(rewards, values, bootstrap_value, discounts, lambda_)
     with torch.no_grad():
         rewards = rewards.detach()
         values = values.detach()
         bootstrap_value = bootstrap_value.detach()
         discounts = discounts.detach()
-        eta = discounts if trace_discounts is None else trace_discounts.detach()
 
         values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = rewards + discounts * values_tp1 - values  # [T, B, ...]
-        trace_coeffs = eta * lambda_
+        trace_coeffs = discounts * lambda_
 
         T = values.shape[0]
         advantages = torch.empty(deltas.shape, dtype=deltas.dtype, device=deltas.device)

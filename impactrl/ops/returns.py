@@ -35,8 +35,8 @@ def bootstrap_truncations(
     truncated: Tensor,
     truncation_values: Tensor,
     discount: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Per-step ``(rewards, discounts, trace_discounts)`` with time-limit truncation handled.
+) -> tuple[Tensor, Tensor]:
+    r"""Per-step ``(rewards, discounts)`` with time-limit truncation handled.
 
     Gymnasium distinguishes *termination* (the MDP ended: the value after it is 0) from
     *truncation* (a time limit cut the episode: the value after it is V(x_final), not 0). With
@@ -45,25 +45,21 @@ def bootstrap_truncations(
     ``truncation_values[t] = V(x_final)`` for the real final observation of the truncated
     episode, and this function folds it into the reward and cuts the bootstrap and the trace:
 
-    ====================  ==========================  =====================  ===================
-    step t                rewards_t                   discounts_t            trace_discounts_t
-    ====================  ==========================  =====================  ===================
-    no episode end        r_t                         γ                      γ
-    terminated            r_t                         0                      0
-    truncated only        r_t + γ · V(x_final)        0                      0
-    ====================  ==========================  =====================  ===================
+    ====================  ==========================  =====================
+    step t                rewards_t                   discounts_t
+    ====================  ==========================  =====================
+    no episode end        r_t                         γ
+    terminated            r_t                         0
+    truncated only        r_t + γ · V(x_final)        0
+    ====================  ==========================  =====================
 
     (a step both terminated and truncated counts as terminated). That is,
-    ``discounts = γ · (1 − terminated)`` with 0 also where truncated, and
-    ``trace_discounts = γ · (1 − (terminated | truncated))``. V-trace then computes at a
+    ``discounts = γ · (1 − (terminated | truncated))``, which zeroes both the bootstrap and the
+    trace in :func:`impactrl.ops.vtrace.vtrace_from_importance_weights` and
+    :func:`impactrl.ops.gae.generalized_advantage_estimation`. V-trace then computes at a
     truncated step exactly δ_t = ρ_t (r_t + γ V(x_final) − V(x_t)) and
-    A_t = ρ^pg_t (r_t + γ V(x_final) − V(x_t)), with no trace into the next episode, and its
-    signature stays unchanged. Note that V(x_final) comes from the actor's (behaviour)
-    parameters, not the learner's current ones.
-
-    With the truncation value folded into the reward, ``discounts`` and ``trace_discounts`` are
-    equal; both are returned so the caller can pass them to
-    :func:`impactrl.ops.vtrace.vtrace_from_importance_weights` explicitly.
+    A_t = ρ^pg_t (r_t + γ V(x_final) − V(x_t)), with no trace into the next episode. Note that
+    V(x_final) comes from the actor's (behaviour) parameters, not the learner's current ones.
 
     Args:
         rewards: float ``[T, B]`` r_t.
@@ -74,8 +70,7 @@ def bootstrap_truncations(
         discount: γ, a Python float in [0, 1].
 
     Returns:
-        ``(rewards, discounts, trace_discounts)``, each ``[T, B]`` with the dtype and device of
-        ``rewards``.
+        ``(rewards, discounts)``, each ``[T, B]`` with the dtype and device of ``rewards``.
     """
     check_tensor_kind("rewards", rewards, "floating-point")
     check_tensor_kind("truncation_values", truncation_values, "floating-point")
@@ -99,9 +94,7 @@ def bootstrap_truncations(
     bootstrapped = rewards + discount * truncation_values.to(rewards.dtype)
     new_rewards = torch.where(truncated_only, bootstrapped, rewards)
     not_done = (~done).to(rewards.dtype)
-    discounts = discount * not_done
-    # With the truncation folded into the reward the two are equal: one tensor serves both.
-    return new_rewards, discounts, discounts
+    return new_rewards, discount * not_done
 
 
 def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tensor) -> Tensor:

@@ -13,8 +13,8 @@ name                   shape       meaning
 =====================  ==========  ==========================================================
 ``log_rhos``           [T, B]      log π(a_t|x_t) − log μ(a_t|x_t); π = target (learner)
                                    policy, μ = behaviour (actor) policy that chose a_t
-``discounts``          [T, B]      γ_t; multiplies the bootstrap V(x_{t+1}) (0 on termination)
-``trace_discounts``    [T, B]      multiplies the trace; defaults to ``discounts``
+``discounts``          [T, B]      γ_t; multiplies the bootstrap V(x_{t+1}) and the trace (0 at
+                                   an episode end)
 ``rewards``            [T, B]      r_t, the reward that followed a_t
 ``values``             [T, B]      V(x_t), learner's current value estimates
 ``bootstrap_value``    [B]         V(x_T), the value of the observation after the unroll
@@ -23,10 +23,10 @@ name                   shape       meaning
 Time-index convention: index ``t`` of every tensor refers to the transition out of x_t, i.e.
 ``(x_t, a_t, r_t, γ_t, x_{t+1})``, and ``bootstrap_value`` plays the role of ``values[T]``.
 
-Extra trailing dims broadcast: ``log_rhos``, ``discounts`` and ``trace_discounts`` must have the
-same rank as ``values`` with each dim equal to that of ``values`` or 1 (e.g. ``[T, B, 1]`` against
-``values`` ``[T, B, 42]``); ``rewards`` has exactly the shape of ``values``; ``bootstrap_value``
-has exactly the shape of ``values[0]``. Outputs have the shape of ``values``.
+Extra trailing dims broadcast: ``log_rhos`` and ``discounts`` must have the same rank as
+``values`` with each dim equal to that of ``values`` or 1 (e.g. ``[T, B, 1]`` against ``values``
+``[T, B, 42]``); ``rewards`` has exactly the shape of ``values``; ``bootstrap_value`` has exactly
+the shape of ``values[0]``. Outputs have the shape of ``values``.
 
 Maths
 -----
@@ -40,14 +40,14 @@ and the temporal-difference error
 
     δ_t = ρ_t · (r_t + γ_t · V(x_{t+1}) − V(x_t)),       V(x_T) := bootstrap_value,
 
-eq. (1) reads (empty products are 1; η_i is the trace discount, η_i = γ_i by default)
+eq. (1) reads (empty products are 1)
 
-    v_s = V(x_s) + Σ_{t=s}^{T−1} ( Π_{i=s}^{t−1} η_i c_i ) δ_t,
+    v_s = V(x_s) + Σ_{t=s}^{T−1} ( Π_{i=s}^{t−1} γ_i c_i ) δ_t,
 
 which is computed by the equivalent backward recursion
 
     a_T = 0,
-    a_t = δ_t + η_t · c_t · a_{t+1}        for t = T−1, …, 0,
+    a_t = δ_t + γ_t · c_t · a_{t+1}        for t = T−1, …, 0,
     v_t = V(x_t) + a_t.
 
 The policy-gradient advantage (§4.2) uses the V-trace target of the next step:
@@ -57,17 +57,14 @@ The policy-gradient advantage (§4.2) uses the V-trace target of the next step:
 With λ < 1 the same formula is used with the λ-weighted target v_{t+1} (rlax instead mixes
 λ v_{t+1} + (1 − λ) V(x_{t+1}) there; with λ = 1 both agree).
 
-Episode ends (bootstrap vs. trace)
-----------------------------------
-``discounts`` (γ_t) is what multiplies the bootstrap V(x_{t+1}) in δ_t and v_{t+1} in A_t;
-``trace_discounts`` (η_t) is what multiplies the trace a_{t+1} in the recursion. The reference
-IMPALA code uses one tensor for both (γ·(1 − done)), so an episode end both zeroes the bootstrap
-and cuts the trace. Passing them separately lets a caller zero the bootstrap only on
-*termination* (``discounts = γ·(1 − terminated)``) while cutting the trace on *any* episode end
-(``trace_discounts = γ·(1 − (terminated | truncated))``), which is what keeps an unroll that
-crosses an auto-reset from leaking the next episode's returns into this one. See also
-:func:`impactrl.ops.returns.bootstrap_truncations`, which instead folds the value of the real
-final observation of a truncated episode into the reward.
+Episode ends
+------------
+``discounts`` (γ_t) multiplies the bootstrap V(x_{t+1}) in δ_t, v_{t+1} in A_t and the trace
+a_{t+1} in the recursion, as in the reference IMPALA code (γ·(1 − done)): an episode end both
+zeroes the bootstrap and cuts the trace, so an unroll that crosses an auto-reset does not leak
+the next episode's returns into this one. A time-limit truncation is handled before V-trace by
+:func:`impactrl.ops.returns.bootstrap_truncations`, which folds the value of the real final
+observation of the truncated episode into the reward.
 
 Gradients
 ---------
@@ -144,7 +141,6 @@ def _validate_vtrace_inputs(
     rewards: Tensor,
     values: Tensor,
     bootstrap_value: Tensor,
-    trace_discounts: Optional[Tensor],
     clip_rho_threshold: Optional[float],
     clip_pg_rho_threshold: Optional[float],
     clip_c_threshold: Optional[float],
@@ -157,8 +153,6 @@ def _validate_vtrace_inputs(
         ("values", values),
         ("bootstrap_value", bootstrap_value),
     ]
-    if trace_discounts is not None:
-        named.append(("trace_discounts", trace_discounts))
     for name, x in named:
         check_float_tensor(name, x)
 
@@ -178,10 +172,7 @@ def _validate_vtrace_inputs(
         )
     check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
     check_has_time_steps("values", values)
-    per_step = [("log_rhos", log_rhos), ("discounts", discounts)]
-    if trace_discounts is not None:
-        per_step.append(("trace_discounts", trace_discounts))
-    for name, x in per_step:
+    for name, x in (("log_rhos", log_rhos), ("discounts", discounts)):
         check_per_step(name, x, "values", values)
     for name, x in named:
         check_same_dtype(name, x, "values", values)
@@ -208,14 +199,14 @@ def vtrace_from_importance_weights(
     clip_pg_rho_threshold: Optional[float] = 1.0,
     clip_c_threshold: Optional[float] = 1.0,
     lambda_: float = 1.0,
-    trace_discounts: Optional[Tensor] = None,
 ) -> VTraceReturns:
     r"""V-trace targets ``vs`` and advantages ``pg_advantages`` from log importance weights.
 
     Args:
         log_rhos: ``[T, B, ...]`` log π(a_t|x_t) − log μ(a_t|x_t).
-        discounts: ``[T, B, ...]`` γ_t, multiplies the bootstrap V(x_{t+1}) in δ_t and v_{t+1}
-            in A_t (0 where the episode terminated at step t).
+        discounts: ``[T, B, ...]`` γ_t, multiplies the bootstrap V(x_{t+1}) in δ_t, v_{t+1}
+            in A_t and the trace in a_t = δ_t + γ_t c_t a_{t+1} (0 where the episode ended at
+            step t).
         rewards: ``[T, B, ...]`` r_t.
         values: ``[T, B, ...]`` V(x_t).
         bootstrap_value: ``[B, ...]`` V(x_T), the shape of ``values[0]``.
@@ -223,9 +214,6 @@ def vtrace_from_importance_weights(
         clip_pg_rho_threshold: ρ̄_pg for the advantage weight; ``None`` = no clipping.
         clip_c_threshold: c̄ for the trace coefficients c_t; ``None`` = no clipping.
         lambda_: λ in c_t = λ · min(c̄, π/μ), in [0, 1].
-        trace_discounts: ``[T, B, ...]`` η_t, multiplies the trace in
-            a_t = δ_t + η_t c_t a_{t+1}; ``None`` (default) means ``discounts``. Use it to cut
-            the trace on any episode end while zeroing the bootstrap only on termination.
 
     Returns:
         :class:`VTraceReturns` ``(vs, pg_advantages)``, both of the shape of ``values``, with
@@ -240,7 +228,6 @@ def vtrace_from_importance_weights(
         rewards,
         values,
         bootstrap_value,
-        trace_discounts,
         clip_rho_threshold,
         clip_pg_rho_threshold,
         clip_c_threshold,
@@ -252,7 +239,6 @@ def vtrace_from_importance_weights(
         rewards = rewards.detach()
         values = values.detach()
         bootstrap_value = bootstrap_value.detach()
-        eta = discounts if trace_discounts is None else trace_discounts.detach()
 
         rhos = torch.exp(log_rhos)
         clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
@@ -266,9 +252,9 @@ def vtrace_from_importance_weights(
         # V(x_{t+1}) for t = 0..T-1, with V(x_T) = bootstrap_value.
         values_tp1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
         deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)  # [T, B, ...]
-        trace_coeffs = eta * cs  # [T, B, ...] or broadcastable to it
+        trace_coeffs = discounts * cs  # [T, B, ...] or broadcastable to it
 
-        # Backward recursion a_t = δ_t + η_t c_t a_{t+1}: one fused op per step on views taken
+        # Backward recursion a_t = δ_t + γ_t c_t a_{t+1}: one fused op per step on views taken
         # once (indexing inside the loop would cost more dispatches than the arithmetic).
         step_deltas, step_coeffs = deltas.unbind(0), trace_coeffs.unbind(0)
         a = step_deltas[-1]
@@ -323,7 +309,6 @@ def vtrace_from_logits(
     clip_pg_rho_threshold: Optional[float] = 1.0,
     clip_c_threshold: Optional[float] = 1.0,
     lambda_: float = 1.0,
-    trace_discounts: Optional[Tensor] = None,
 ) -> VTraceFromLogitsReturns:
     """V-trace for a categorical policy, from behaviour (μ) and target (π) logits.
 
@@ -334,7 +319,7 @@ def vtrace_from_logits(
         behaviour_policy_logits: ``[T, B, A]`` logits of μ, the actor policy that chose a_t.
         target_policy_logits: ``[T, B, A]`` logits of π, the learner policy.
         actions: ``[T, B]`` integer actions.
-        discounts, rewards, values, bootstrap_value, clip_*, lambda_, trace_discounts: as in
+        discounts, rewards, values, bootstrap_value, clip_*, lambda_: as in
             :func:`vtrace_from_importance_weights` (``[T, B]``; ``bootstrap_value`` ``[B]``).
 
     Returns:
@@ -361,7 +346,6 @@ def vtrace_from_logits(
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         clip_c_threshold=clip_c_threshold,
         lambda_=lambda_,
-        trace_discounts=trace_discounts,
     )
     return VTraceFromLogitsReturns(
         vs=returns.vs,
