@@ -203,18 +203,6 @@ def test_ppo_hand_example():
     torch.testing.assert_close(log_prob.grad, t64(0.0, 0.0, -1.1))
 
 
-def test_ppo_mask():
-    log_prob, old, adv = ppo_example()
-    # Only t=0 and t=1 valid: loss = −(1.2 − 1.6)/2 = 0.2, both clipped.
-    loss, clip_fraction = ppo_clipped_surrogate(
-        log_prob, old, adv, 0.2, mask=torch.tensor([True, True, False])
-    )
-    assert loss.item() == pytest.approx(0.2, abs=1e-12)
-    assert clip_fraction.item() == pytest.approx(1.0)
-    loss, _ = ppo_clipped_surrogate(log_prob, old, adv, 0.2, mask=torch.zeros(3, dtype=torch.bool))
-    assert loss.item() == 0.0
-
-
 def test_ppo_pessimistic_below_range():
     # r = 0.5 < 1 − ε with Â > 0: min picks r·Â = 0.5 (unclipped), gradient flows.
     log_prob = t64(math.log(0.5)).requires_grad_(True)
@@ -313,18 +301,6 @@ def test_impact_unclipped_weight_is_ppo_against_target(seed, n):
         assert stats["is_weight_clipped_fraction"].item() == 0.0
 
 
-def test_impact_mask():
-    log_prob, target, behaviour, adv = impact_example()
-    # Only t=1 and t=2: loss = −(−0.8 + 2.8)/2 = −1; weights [2, 0.5].
-    loss, stats = impact_surrogate(
-        log_prob, target, behaviour, adv, 0.4, 2.0, mask=torch.tensor([False, True, True])
-    )
-    assert loss.item() == pytest.approx(-1.0, abs=1e-12)
-    assert stats["is_weight_mean"].item() == pytest.approx(1.25)
-    assert stats["is_weight_var"].item() == pytest.approx(0.5625)
-    assert stats["is_weight_clipped_fraction"].item() == pytest.approx(0.5)
-
-
 # --------------------------------------------------------------------------------------------
 # Value loss
 # --------------------------------------------------------------------------------------------
@@ -355,10 +331,8 @@ def test_value_loss_clipped_hand():
     torch.testing.assert_close(values.grad, t64(0.0, 2.0 / 3, 0.0))
 
 
-def test_value_loss_mask_and_validation():
+def test_value_loss_validation():
     values, targets = t64(1.0, 2.0, 3.0), t64(1.5, 0.0, 3.0)
-    assert value_loss(values, targets, mask=torch.tensor([True, False, True])).item() == \
-        pytest.approx(0.25 / 4)
     with pytest.raises(ValueError, match="old_values"):
         value_loss(values, targets, clip_param=0.2)
     with pytest.raises(ValueError, match="targets"):
@@ -410,8 +384,6 @@ def test_surrogate_validation():
         ppo_clipped_surrogate(x, torch.zeros(2), x, 0.2)
     with pytest.raises(ValueError, match="clip_param"):
         ppo_clipped_surrogate(x, x, x, 0.0)
-    with pytest.raises(ValueError, match="mask"):
-        ppo_clipped_surrogate(x, x, x, 0.2, mask=torch.ones(3))
     with pytest.raises(ValueError, match="advantages"):
         ppo_clipped_surrogate(x, x, torch.zeros(3, dtype=torch.float64), 0.2)
     with pytest.raises(ValueError, match="target_worker_clip"):

@@ -12,9 +12,8 @@ r"""Clipped-surrogate policy losses (PPO, IMPACT), value loss and the adaptive K
   §4 (docs/algorithms.md#impact-loss).
 
 Shapes: every per-step tensor of one call has the same shape (typically time-major ``[T, B]``,
-but any shape works, the functions are elementwise then reduce). ``mask`` is an optional bool
-tensor of that shape; with it every mean is over the ``True`` steps only (a mask with no
-``True`` gives a loss of 0). Losses are *minimised*: they are the negated objectives.
+but any shape works, the functions are elementwise then reduce over every element). Losses are
+*minimised*: they are the negated objectives.
 
 Gradients: losses are differentiable with respect to ``log_prob`` (and ``values``) only;
 ``old_log_prob``, ``target_log_prob``, ``behaviour_log_prob``, ``advantages``, ``targets``,
@@ -33,10 +32,7 @@ from torch import Tensor
 from impactrl.ops.checks import (
     check_positive_float,
     check_python_float,
-    check_same_device,
     check_same_float,
-    check_shape_of,
-    check_tensor_kind,
     shape_tuple,
 )
 
@@ -49,37 +45,18 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# Validation helpers
+# Shared
 # --------------------------------------------------------------------------------------------
 
 
-def _check_mask(mask: Optional[Tensor], reference_name: str, reference: Tensor) -> None:
-    """``mask`` is ``None`` or a bool tensor of the shape and on the device of ``reference``."""
-    if mask is None:
-        return
-    check_tensor_kind("mask", mask, "bool", optional=True)
-    check_shape_of("mask", mask, reference_name, reference)
-    check_same_device("mask", mask, reference_name, reference)
-
-
-def _masked_mean(x: Tensor, mask: Optional[Tensor]) -> Tensor:
-    if mask is None:
-        return x.mean()
-    m = mask.to(x.dtype)
-    return (x * m).sum() / m.sum().clamp(min=1.0)
-
-
-def _clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, clip_param: float, mask: Optional[Tensor]
-) -> tuple[Tensor, Tensor]:
+def _clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_param: float) -> tuple[Tensor, Tensor]:
     """−mean(min(r·Â, clip(r, 1−ε, 1+ε)·Â)) and the fraction of steps with |r − 1| > ε."""
     surrogate = torch.min(
         ratio * advantages, ratio.clamp(1.0 - clip_param, 1.0 + clip_param) * advantages
     )
-    loss = -_masked_mean(surrogate, mask)
+    loss = -surrogate.mean()
     with torch.no_grad():
-        clipped = ((ratio.detach() - 1.0).abs() > clip_param).to(ratio.dtype)
-        clip_fraction = _masked_mean(clipped, mask)
+        clip_fraction = ((ratio.detach() - 1.0).abs() > clip_param).to(ratio.dtype).mean()
     return loss, clip_fraction
 
 
@@ -93,7 +70,6 @@ def ppo_clipped_surrogate(
     old_log_prob: Tensor,
     advantages: Tensor,
     clip_param: float,
-    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     r"""PPO's clipped surrogate loss (Schulman et al. 2017, eq. (7)).
 
@@ -107,19 +83,17 @@ def ppo_clipped_surrogate(
         old_log_prob: log π_old(a_t|x_t), same shape; treated as a constant.
         advantages: Â_t, same shape; treated as a constant.
         clip_param: ε > 0.
-        mask: optional bool tensor of the same shape; means are over ``True`` steps only.
 
     Returns:
         ``(loss, clip_fraction)``: the scalar loss (to minimise) and the detached fraction of
-        (valid) steps with |r_t − 1| > ε.
+        steps with |r_t − 1| > ε.
     """
     check_same_float(
         "log_prob", log_prob, ("old_log_prob", old_log_prob), ("advantages", advantages)
     )
-    _check_mask(mask, "log_prob", log_prob)
     clip_param = check_positive_float("clip_param", clip_param)
     ratio = torch.exp(log_prob - old_log_prob.detach())
-    return _clipped_surrogate(ratio, advantages.detach(), clip_param, mask)
+    return _clipped_surrogate(ratio, advantages.detach(), clip_param)
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +108,6 @@ def impact_surrogate(
     advantages: Tensor,
     clip_param: float,
     target_worker_clip: Optional[float],
-    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""IMPACT's clipped-target surrogate (Luo et al. 2020, §3.1; docs/algorithms.md#impact-loss).
 
@@ -158,10 +131,9 @@ def impact_surrogate(
         advantages: Â_t (IMPACT: from V-trace with log π_tgt − log μ), same shape; constant.
         clip_param: ε > 0 (RLlib default 0.4).
         target_worker_clip: ρ > 0 (the paper's value is 2.0), or ``None`` for no clipping.
-        mask: optional bool tensor of the same shape; means are over ``True`` steps only.
 
     Returns:
-        ``(loss, stats)``; ``stats`` holds detached 0-d tensors over the (valid) steps:
+        ``(loss, stats)``; ``stats`` holds detached 0-d tensors over all steps:
         ``"is_weight_mean"`` and ``"is_weight_var"`` (population variance) of w_t,
         ``"is_weight_clipped_fraction"`` (fraction with μ/π_tgt > ρ; 0 when ρ is ``None``) and
         ``"clip_fraction"`` (fraction with |r_t − 1| > ε).
@@ -173,7 +145,6 @@ def impact_surrogate(
         ("behaviour_log_prob", behaviour_log_prob),
         ("advantages", advantages),
     )
-    _check_mask(mask, "log_prob", log_prob)
     clip_param = check_positive_float("clip_param", clip_param)
     if target_worker_clip is not None:
         target_worker_clip = check_positive_float("target_worker_clip", target_worker_clip)
@@ -191,15 +162,15 @@ def impact_surrogate(
         weight = torch.exp(log_weight)
 
     ratio = torch.exp(log_prob - behaviour + log_weight)
-    loss, clip_fraction = _clipped_surrogate(ratio, advantages.detach(), clip_param, mask)
+    loss, clip_fraction = _clipped_surrogate(ratio, advantages.detach(), clip_param)
 
     with torch.no_grad():
-        weight_mean = _masked_mean(weight, mask)
-        weight_var = _masked_mean((weight - weight_mean) ** 2, mask)
+        weight_mean = weight.mean()
+        weight_var = ((weight - weight_mean) ** 2).mean()
         stats = {
             "is_weight_mean": weight_mean,
             "is_weight_var": weight_var,
-            "is_weight_clipped_fraction": _masked_mean(weight_clipped, mask),
+            "is_weight_clipped_fraction": weight_clipped.mean(),
             "clip_fraction": clip_fraction,
         }
     return loss, stats
@@ -215,7 +186,6 @@ def value_loss(
     targets: Tensor,
     old_values: Optional[Tensor] = None,
     clip_param: Optional[float] = None,
-    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""0.5 · mean squared error of the value head, optionally clipped (CleanRL's PPO).
 
@@ -234,17 +204,15 @@ def value_loss(
         old_values: V_old(x_t) from the rollout, same shape; constant. Required when
             ``clip_param`` is given, ignored (may be passed) when it is ``None``.
         clip_param: ε > 0 for value clipping, or ``None`` for the plain squared error.
-        mask: optional bool tensor of the same shape; the mean is over ``True`` steps only.
 
     Returns:
         The scalar loss.
     """
     check_same_float("values", values, ("targets", targets))
-    _check_mask(mask, "values", values)
     targets = targets.detach()
     unclipped = (values - targets) ** 2
     if clip_param is None:
-        return 0.5 * _masked_mean(unclipped, mask)
+        return 0.5 * unclipped.mean()
     clip_param = check_positive_float("clip_param", clip_param)
     if old_values is None:
         raise ValueError("old_values must be given when clip_param is not None (value clipping)")
@@ -252,7 +220,7 @@ def value_loss(
     old_values = old_values.detach()
     clipped_values = old_values + (values - old_values).clamp(-clip_param, clip_param)
     clipped = (clipped_values - targets) ** 2
-    return 0.5 * _masked_mean(torch.max(unclipped, clipped), mask)
+    return 0.5 * torch.max(unclipped, clipped).mean()
 
 
 # --------------------------------------------------------------------------------------------
