@@ -3,11 +3,11 @@
 The ground truth is an independent float64 numpy reference written as the literal double sum of
 Espeholt et al. 2018 (arXiv 1802.01561) eq. (1), not the backward recursion:
 
-    v_s = V(x_s) + Σ_{t=s}^{T−1} ( Π_{i=s}^{t−1} η_i c_i ) δ_t,
+    v_s = V(x_s) + Σ_{t=s}^{T−1} ( Π_{i=s}^{t−1} γ_i c_i ) δ_t,
     δ_t = ρ_t (r_t + γ_t V(x_{t+1}) − V(x_t)),
     A_s = ρ^pg_s (r_s + γ_s v_{s+1} − V(x_s)).
 
-Cases 1–5 port DeepMind's scalable_agent ``vtrace_test.py`` (docs/algorithms.md#v-trace-reference-tests).
+Cases 2–5 port DeepMind's scalable_agent ``vtrace_test.py`` (docs/algorithms.md#v-trace-reference-tests).
 """
 
 from __future__ import annotations
@@ -15,17 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from impactrl.ops.returns import bootstrap_truncations, discounted_returns, explained_variance
-from impactrl.ops.vtrace import (
-    VTraceFromLogitsReturns,
-    VTraceReturns,
-    action_log_probs,
-    vtrace_from_importance_weights,
-    vtrace_from_logits,
-)
+from impactrl.ops.vtrace import VTraceReturns, vtrace_from_importance_weights
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -131,6 +126,13 @@ def ground_truth_inputs(batch_size: int, T: int = 5):
     )
 
 
+def log_rhos_from_logits(behaviour_logits, target_logits, actions) -> torch.Tensor:
+    """log π(a_t|x_t) − log μ(a_t|x_t) for a categorical policy (log-softmax gathered at a_t)."""
+    index = actions.unsqueeze(-1)
+    target = F.log_softmax(target_logits, dim=-1).gather(-1, index).squeeze(-1)
+    return target - F.log_softmax(behaviour_logits, dim=-1).gather(-1, index).squeeze(-1)
+
+
 def to_torch(inputs: dict, dtype, device="cpu") -> dict:
     return {k: t_(v, dtype, device) for k, v in inputs.items()}
 
@@ -147,24 +149,8 @@ def random_inputs(rng: np.random.Generator, T: int, B: int, *trailing: int) -> d
 
 
 # --------------------------------------------------------------------------------------------
-# 1–5. DeepMind's vtrace_test.py
+# 2–5. DeepMind's vtrace_test.py
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch_size", [1, 2])
-def test_action_log_probs(batch_size, dtype):
-    T, A = 7, 3
-    rng = np.random.default_rng(0)
-    logits = shaped_arange(T, batch_size, A) + 10.0
-    actions = rng.integers(0, A, size=(T, batch_size))
-    got = action_log_probs(t_(logits, dtype), torch.as_tensor(actions, dtype=torch.int64))
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    expected = np.take_along_axis(log_softmax, actions[..., None], axis=-1)[..., 0]
-    assert got.shape == (T, batch_size)
-    assert got.dtype == dtype
-    assert_close(got, expected, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -185,7 +171,7 @@ def test_vtrace_against_ground_truth(batch_size, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch_size", [1, 2])
-def test_vtrace_from_logits(batch_size, dtype):
+def test_vtrace_with_log_rhos_from_logits(batch_size, dtype):
     T, A = 5, 3
     rng = np.random.default_rng(1)
     behaviour_logits = t_(shaped_arange(T, batch_size, A), dtype)
@@ -196,20 +182,9 @@ def test_vtrace_from_logits(batch_size, dtype):
     base.pop("log_rhos")
     no_clip = dict(clip_rho_threshold=None, clip_pg_rho_threshold=None, clip_c_threshold=None)
 
-    out = vtrace_from_logits(behaviour_logits, target_logits, actions, **base, **no_clip)
-    assert isinstance(out, VTraceFromLogitsReturns)
-
-    behaviour_lp = action_log_probs(behaviour_logits, actions)
-    target_lp = action_log_probs(target_logits, actions)
-    log_rhos = target_lp - behaviour_lp
-    ref = vtrace_from_importance_weights(log_rhos=log_rhos, **base, **no_clip)
-
-    torch.testing.assert_close(out.behaviour_action_log_probs, behaviour_lp, rtol=0, atol=0)
-    torch.testing.assert_close(out.target_action_log_probs, target_lp, rtol=0, atol=0)
-    torch.testing.assert_close(out.log_rhos, log_rhos, rtol=0, atol=0)
-    torch.testing.assert_close(out.vs, ref.vs, rtol=0, atol=0)
-    torch.testing.assert_close(out.pg_advantages, ref.pg_advantages, rtol=0, atol=0)
-    # ... and against the independent reference, unclipped.
+    log_rhos = log_rhos_from_logits(behaviour_logits, target_logits, actions)
+    out = vtrace_from_importance_weights(log_rhos=log_rhos, **base, **no_clip)
+    # Against the independent reference, unclipped.
     vs, pg = reference_vtrace(
         log_rhos.numpy(), **{k: v.numpy() for k, v in base.items()},
         clip_rho_threshold=None, clip_pg_rho_threshold=None, clip_c_threshold=None,
@@ -289,13 +264,6 @@ def test_validation_messages(overrides, match):
     kwargs.update(overrides)
     with pytest.raises(ValueError, match=match):
         vtrace_from_importance_weights(**kwargs)
-
-
-def test_action_log_probs_validation():
-    with pytest.raises(ValueError, match=r"policy_logits must have shape actions.shape"):
-        action_log_probs(torch.zeros(5, 2, 3), torch.zeros(5, 3, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"actions must be an integer"):
-        action_log_probs(torch.zeros(5, 2, 3), torch.zeros(5, 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,14 +389,14 @@ def test_no_gradient_into_outputs():
     target_logits = torch.randn(T, B, A, requires_grad=True)
     actions = torch.randint(0, A, (T, B))
     base = {k: v for k, v in inputs.items() if k != "log_rhos"}
-    out = vtrace_from_logits(behaviour_logits, target_logits, actions, **base)
+    log_rhos = log_rhos_from_logits(behaviour_logits, target_logits, actions)
+    assert log_rhos.requires_grad
+    out = vtrace_from_importance_weights(log_rhos, **base)
     assert out.vs.grad_fn is None and not out.vs.requires_grad
     assert out.pg_advantages.grad_fn is None and not out.pg_advantages.requires_grad
-    assert out.target_action_log_probs.requires_grad
-    assert out.log_rhos.requires_grad
-    assert not out.behaviour_action_log_probs.requires_grad
-    # The policy-gradient loss differentiates through the target log-probs only.
-    loss = -(out.target_action_log_probs * out.pg_advantages).sum()
+    # The policy-gradient loss differentiates through the target log-probs only (the behaviour
+    # logits carry no gradient, so log_rhos = log π − constant).
+    loss = -(log_rhos * out.pg_advantages).sum()
     loss.backward()
     assert target_logits.grad is not None and torch.isfinite(target_logits.grad).all()
     assert inputs["values"].grad is None

@@ -69,9 +69,7 @@ observation of the truncated episode into the reward.
 Gradients
 ---------
 ``vs`` and ``pg_advantages`` are targets: they are computed under :func:`torch.no_grad` from
-detached inputs and carry no gradient. In :func:`vtrace_from_logits` the returned log-probs (and
-``log_rhos``) keep whatever gradient their logits carry, so the learner can use the target
-log-probs in the policy-gradient loss.
+detached inputs and carry no gradient.
 """
 
 from __future__ import annotations
@@ -80,7 +78,6 @@ from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
-import torch.nn.functional as F
 
 from impactrl.ops.checks import (
     check_float_tensor,
@@ -90,20 +87,13 @@ from impactrl.ops.checks import (
     check_same_dtype,
     check_same_shape,
     check_shape_of_step,
-    check_tensor_kind,
     check_threshold,
     check_time_major,
     check_unit_interval,
     shape_tuple,
 )
 
-__all__ = [
-    "VTraceReturns",
-    "VTraceFromLogitsReturns",
-    "vtrace_from_importance_weights",
-    "action_log_probs",
-    "vtrace_from_logits",
-]
+__all__ = ["VTraceReturns", "vtrace_from_importance_weights"]
 
 
 class VTraceReturns(NamedTuple):
@@ -113,21 +103,6 @@ class VTraceReturns(NamedTuple):
     """V-trace value targets v_t, the targets for the baseline V(x_t)."""
     pg_advantages: Tensor
     """Policy-gradient advantages ρ^pg_t (r_t + γ_t v_{t+1} − V(x_t))."""
-
-
-class VTraceFromLogitsReturns(NamedTuple):
-    """Outputs of :func:`vtrace_from_logits`."""
-
-    vs: Tensor
-    """V-trace value targets ``[T, B, ...]``, no gradient."""
-    pg_advantages: Tensor
-    """Policy-gradient advantages ``[T, B, ...]``, no gradient."""
-    log_rhos: Tensor
-    """``target_action_log_probs − behaviour_action_log_probs``, ``[T, B]``."""
-    behaviour_action_log_probs: Tensor
-    """log μ(a_t|x_t), ``[T, B]``."""
-    target_action_log_probs: Tensor
-    """log π(a_t|x_t), ``[T, B]``; keeps the gradient of ``target_policy_logits``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,87 +245,3 @@ def vtrace_from_importance_weights(
 
     return VTraceReturns(vs=vs.detach(), pg_advantages=pg_advantages.detach())
 
-
-def action_log_probs(policy_logits: Tensor, actions: Tensor) -> Tensor:
-    """log-softmax of ``policy_logits`` gathered at ``actions``.
-
-    Args:
-        policy_logits: ``[T, B, A]`` unnormalised log-probabilities (any leading dims).
-        actions: ``[T, B]`` integer actions in ``[0, A)`` (the leading dims of the logits).
-
-    Returns:
-        ``[T, B]`` log π(a_t|x_t), differentiable with respect to ``policy_logits``.
-    """
-    check_tensor_kind("policy_logits", policy_logits, "floating-point")
-    check_tensor_kind("actions", actions, "integer")
-    if actions.dtype == torch.bool:
-        raise ValueError("actions must be an integer torch.Tensor, got dtype torch.bool")
-    if policy_logits.dim() != actions.dim() + 1 or (
-        shape_tuple(policy_logits)[:-1] != shape_tuple(actions)
-    ):
-        raise ValueError(
-            f"policy_logits must have shape actions.shape + (num_actions,), got policy_logits "
-            f"shape {shape_tuple(policy_logits)} and actions shape {shape_tuple(actions)}"
-        )
-    check_same_device("actions", actions, "policy_logits", policy_logits)
-    log_probs = F.log_softmax(policy_logits, dim=-1)
-    return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-
-
-def vtrace_from_logits(
-    behaviour_policy_logits: Tensor,
-    target_policy_logits: Tensor,
-    actions: Tensor,
-    discounts: Tensor,
-    rewards: Tensor,
-    values: Tensor,
-    bootstrap_value: Tensor,
-    clip_rho_threshold: Optional[float] = 1.0,
-    clip_pg_rho_threshold: Optional[float] = 1.0,
-    clip_c_threshold: Optional[float] = 1.0,
-    lambda_: float = 1.0,
-) -> VTraceFromLogitsReturns:
-    """V-trace for a categorical policy, from behaviour (μ) and target (π) logits.
-
-    ``log_rhos = log π(a_t|x_t) − log μ(a_t|x_t)`` is computed from the logits and passed with
-    the other arguments to :func:`vtrace_from_importance_weights`.
-
-    Args:
-        behaviour_policy_logits: ``[T, B, A]`` logits of μ, the actor policy that chose a_t.
-        target_policy_logits: ``[T, B, A]`` logits of π, the learner policy.
-        actions: ``[T, B]`` integer actions.
-        discounts, rewards, values, bootstrap_value, clip_*, lambda_: as in
-            :func:`vtrace_from_importance_weights` (``[T, B]``; ``bootstrap_value`` ``[B]``).
-
-    Returns:
-        :class:`VTraceFromLogitsReturns`. ``vs`` and ``pg_advantages`` carry no gradient;
-        ``target_action_log_probs`` (and hence ``log_rhos``) keep the gradient of
-        ``target_policy_logits`` for the policy-gradient loss; ``behaviour_action_log_probs``
-        keeps whatever gradient ``behaviour_policy_logits`` has (normally none).
-    """
-    if shape_tuple(behaviour_policy_logits) != shape_tuple(target_policy_logits):
-        raise ValueError(
-            "behaviour_policy_logits and target_policy_logits must have the same shape, got "
-            f"{shape_tuple(behaviour_policy_logits)} and {shape_tuple(target_policy_logits)}"
-        )
-    behaviour_log_probs = action_log_probs(behaviour_policy_logits, actions)
-    target_log_probs = action_log_probs(target_policy_logits, actions)
-    log_rhos = target_log_probs - behaviour_log_probs
-    returns = vtrace_from_importance_weights(
-        log_rhos=log_rhos,
-        discounts=discounts,
-        rewards=rewards,
-        values=values,
-        bootstrap_value=bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold,
-        clip_c_threshold=clip_c_threshold,
-        lambda_=lambda_,
-    )
-    return VTraceFromLogitsReturns(
-        vs=returns.vs,
-        pg_advantages=returns.pg_advantages,
-        log_rhos=log_rhos,
-        behaviour_action_log_probs=behaviour_log_probs,
-        target_action_log_probs=target_log_probs,
-    )
