@@ -184,3 +184,79 @@ def test_eval_video_of_cartpole_and_the_line_when_pygame_is_missing(finished_run
     assert code == 0, err
     written = json.loads(out.splitlines()[-1])["videos"]
     assert [Path(path).name for path in written] == ["episode-000.mp4"] and Path(written[0]).stat().st_size > 0
+
+
+def mem_available_mib() -> int:
+    line = next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemAvailable:"))
+    return int(line.split()[1]) // 1024
+
+
+def test_more_actors_than_memory_holds_are_refused_saying_how_many_fit(tmp_path: Path, capsys):
+    # 500 on the 24 GiB machine of the issue; always more than this machine's memory holds at 160 MiB each.
+    actors = max(500, 2 * mem_available_mib() // 160)
+    run_dir = tmp_path / "run"
+    line = one_line_error(capsys, "train", *CARTPOLE, "--num-actors", str(actors), "--out", str(run_dir))
+    assert f"{actors} actor processes need about" in line and "(160 MiB each with classic envs)" in line, line
+    fit = int(line.rsplit("--num-actors ", 1)[1].rstrip(")"))
+    assert 0 < fit < actors and f"at most {fit} actors fit" in line
+    assert not run_dir.exists()
+
+
+def test_many_more_actors_than_cores_draw_one_warning_and_still_pass(tmp_path: Path, capsys):
+    actors = 4 * os.cpu_count() + 1
+    request = resolve_train_config([*CARTPOLE, "--num-actors", str(actors), "--out", str(tmp_path / "run")])
+    capsys.readouterr()
+    from impactrl.cli import validate_train
+
+    validate_train(request.config, None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"impactrl train: warning: {actors} actor processes on {os.cpu_count()} cores; beyond about one "
+                     "per core they only take turns (raise --envs-per-actor instead)"], lines
+
+
+def children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (one reparented to a container's init may stay unreaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # spawns actor processes
+@pytest.mark.parametrize("signals", [1, 2])
+def test_sigterm_while_actors_spawn_leaves_no_process_behind(signals: int, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "impactrl", "train", "--env", "CartPole-v1", "--num-actors", "6",
+                                "--envs-per-actor", "1", "--total-env-steps", "100000000", "--out", str(run_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    while not any("spawn_main" in cmdline(pid) for pid in seen):  # the first actor: spawning is under way
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        seen |= set(children_of(process.pid))
+        time.sleep(0.002)
+    for _ in range(signals):  # a second one is what an impatient user sends
+        process.send_signal(signal.SIGTERM)
+        seen |= set(children_of(process.pid))
+        time.sleep(0.05)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    assert stderr.splitlines() == ["impactrl: interrupted; the latest checkpoint is kept (continue with --resume)"], \
+        stderr[-3000:]
+    if signals == 1:  # a second signal stops at once, the checkpoint too
+        assert (run_dir / "checkpoints" / "latest.pt").exists()
+    time.sleep(1.0)  # the resource tracker exits once its pipe from the learner closes
+    assert not [pid for pid in seen if running(pid)]
+

@@ -256,8 +256,10 @@ class LocalActors:
             returns_reader.close()
             commits_writer.close()
 
-    def start_all(self) -> None:
+    def start_all(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         for group in self.groups:
+            if should_stop():  # Ctrl-C or SIGTERM while spawning: start no more
+                return
             self.start(group)
 
     def stop_all(self) -> None:
@@ -266,7 +268,10 @@ class LocalActors:
         for group in self.groups:
             process = group[0].process
             if process is not None:
-                process.join(timeout=max(deadline - time.monotonic(), 0.1))
+                # One still starting (no heartbeat yet) reads the stop flag only once its imports are
+                # done, many seconds on a loaded machine; it holds nothing yet, so it is killed now.
+                starting = any(self.heartbeats[actor.actor_id].item() > time.monotonic() for actor in group)
+                process.join(timeout=0 if starting else max(deadline - time.monotonic(), 0.1))
                 if process.is_alive():
                     process.kill()
                     process.join(timeout=2.0)
@@ -387,6 +392,7 @@ class StopRequests:
 
     def __init__(self) -> None:
         self.requested = False
+        self.deferred = False  # True while actors spawn: a raise there would cut a spawn short
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequests:
@@ -400,7 +406,7 @@ class StopRequests:
             signal.signal(signum, handler)
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
+        if self.requested and not self.deferred:
             raise KeyboardInterrupt
         self.requested = True
 
@@ -420,8 +426,12 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
                 raise KeyboardInterrupt  # here, between learner steps, not inside a pipe operation
             actors.check_health()
 
-        actors.start_all()
         try:
+            # A stop requested while spawning ends the spawning; the learner loop then checkpoints and
+            # raises at its first check, and stop_all ends what was started.
+            stops.deferred = True
+            actors.start_all(lambda: stops.requested)
+            stops.deferred = False
             return run_learner(learner, actors, weights, run_dir, writer, check_health)
         finally:
             actors.stop_all()
