@@ -43,7 +43,7 @@ def fired(records, config=CONFIG, **kwargs):
     ("learner_starved", run_of(**{"time/learner_wait_fraction": 0.8}), "--num-actors"),
     ("actors_blocked", run_of(**{"time/actor_wait_fraction": 0.7, "time/learner_wait_fraction": 0.0}),
      "--device cuda"),
-    ("policy_lag_high", run_of(policy_lag_mean=9.0, **{"vtrace/rho_extreme_fraction": 0.1}), "--max-policy-lag 5"),
+    ("policy_lag_high", run_of(policy_lag_mean=25.0, **{"vtrace/rho_extreme_fraction": 0.1}), "--max-policy-lag 20"),
     ("importance_weights_exploding", run_of(**{"vtrace/rho_extreme_fraction": 0.3}), "--clip-rho-threshold"),
     ("rewards_unclipped", run_of(**{"reward/batch_abs_max": 200.0}), "--reward-clip abs_one"),
     ("throughput_below_env_speed", run_of(env_steps_per_s=2_000.0), "--envs-per-actor"),
@@ -64,7 +64,7 @@ def test_impact_importance_weights_use_its_truncation_statistic():
 
 
 def test_lag_alone_is_not_a_finding_while_the_policies_agree():
-    assert "policy_lag_high" not in fired(run_of(policy_lag_mean=9.0))
+    assert "policy_lag_high" not in fired(run_of(policy_lag_mean=25.0))
 
 
 def test_ppo_actors_waiting_for_weights_is_not_a_finding():

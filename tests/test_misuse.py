@@ -260,3 +260,24 @@ def test_sigterm_while_actors_spawn_leaves_no_process_behind(signals: int, tmp_p
     time.sleep(1.0)  # the resource tracker exits once its pipe from the learner closes
     assert not [pid for pid in seen if running(pid)]
 
+
+def test_readmes_default_run_is_not_flagged_for_policy_lag(tmp_path: Path, capsys):
+    """The lag and clipped share README's IMPACT CartPole run logs (lag 7-9, max 26-68, up to 16% of the
+    weights clipped on this machine, more on a slower one): results.md measured no harm below lag 12."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = resolve_train_config(["--algo", "impact", "--env", "CartPole-v1", "--num-actors", "2",
+                                   "--total-env-steps", "500000", "--out", str(run_dir)]).config
+    from impactrl.config import to_yaml
+
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    lines = [{"env_steps": 25_000 * i, "learner_updates": 80 * i, "wall_time_s": 5.0 * i, "env_steps_per_s": 5_000.0,
+              "episode_return_mean": 20.0 + 20 * i, "episodes": 100, "policy_lag_mean": 9.0, "policy_lag_max": 40,
+              "impact/is_weight_clipped_fraction": 0.16, "time/learner_wait_fraction": 0.3} for i in range(1, 21)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, out, _ = cli(capsys, "diagnose", str(run_dir))
+    assert code == 0 and "policy_lag_high" not in out and "nothing to report" in out, out
+    from impactrl.diagnostics import policy_lag_high
+
+    flagged = policy_lag_high([{**line, "policy_lag_mean": 25.0} for line in lines], config)
+    assert flagged is not None and "3x" not in flagged.why and "--max-policy-lag 20" in flagged.change
