@@ -67,7 +67,7 @@ class Impact(Algorithm):
         held = _HeldBatch(batch)
         if self.target is not None and self.config.target_scoring == "insert":
             self._score(held)
-        self.buffer.add(held, num_steps=self.config.steps_per_batch)
+        self.buffer.add(held)
 
     def next_batch(self) -> Batch | None:
         held = self.buffer.sample()

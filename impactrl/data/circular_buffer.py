@@ -10,8 +10,7 @@ most ``K = uses_per_batch`` times ("replay coefficient"). Conceptually it is a r
 
 - :meth:`CircularBuffer.add` puts a batch in with K unused slots. If N batches are already held,
   the **oldest** batch is evicted first, together with any uses it had left; those unused uses
-  (and ``uses_left × num_steps`` env steps) are counted in :attr:`evicted_unused_uses` and
-  :attr:`evicted_unused_steps`.
+  are counted in :attr:`evicted_unused_uses`.
 - :meth:`CircularBuffer.sample` draws **uniformly at random among all remaining slots** (so a
   batch with more uses left is proportionally more likely), consumes that slot and returns its
   batch; a batch is dropped after its K-th use. Unlike RLlib, an empty buffer does not busy-wait:
@@ -38,14 +37,13 @@ returned batches are one possible outcome of the random draws)::
 
 Batches are arbitrary Python objects and are held by reference (not copied). :meth:`state_dict`
 gives the held batches, their uses left, the counters and the RNG state, so a checkpoint restores
-the buffer exactly and its next draws are the same. :meth:`add` and :meth:`sample` take an
-internal lock, so one thread may add while another samples.
+the buffer exactly and its next draws are the same. The buffer is not thread-safe: one thread
+(the learner's) adds and samples.
 """
 
 from __future__ import annotations
 
 import random
-import threading
 from collections import deque
 from typing import Any, Callable, Optional
 
@@ -53,14 +51,15 @@ from impactrl.checkpoint import decode_python_rng, encode_python_rng
 
 __all__ = ["CircularBuffer"]
 
+_COUNTERS = ("total_draws", "total_added", "evicted_unused_uses")  # cumulative, in checkpoints
+
 
 class _Entry:
-    __slots__ = ("batch", "uses_left", "num_steps")
+    __slots__ = ("batch", "uses_left")
 
-    def __init__(self, batch: Any, uses_left: int, num_steps: int) -> None:
+    def __init__(self, batch: Any, uses_left: int) -> None:
         self.batch = batch
         self.uses_left = uses_left
-        self.num_steps = num_steps
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -85,7 +84,6 @@ class CircularBuffer:
         total_draws: number of batches returned by :meth:`sample` so far (cumulative).
         total_added: number of batches passed to :meth:`add` so far (cumulative).
         evicted_unused_uses: uses still left on batches evicted by :meth:`add` (cumulative).
-        evicted_unused_steps: Σ uses_left × num_steps over evicted batches (cumulative).
     """
 
     def __init__(self, num_batches: int, uses_per_batch: int, seed: Optional[int] = None) -> None:
@@ -94,57 +92,45 @@ class CircularBuffer:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"seed must be a Python int or None, got {type(seed).__name__}")
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
         self._entries: deque[_Entry] = deque()  # oldest first
         self._uses_left = 0
         self.total_draws = 0
         self.total_added = 0
         self.evicted_unused_uses = 0
-        self.evicted_unused_steps = 0
 
-    def add(self, batch: Any, num_steps: int = 0) -> None:
+    def add(self, batch: Any) -> None:
         """Append ``batch`` with K uses, first evicting the oldest batch if N are held.
 
-        Args:
-            batch: any object; returned as-is (same reference) by :meth:`sample`.
-            num_steps: env steps in ``batch`` (>= 0), only used for
-                :attr:`evicted_unused_steps`.
+        ``batch`` may be any object; :meth:`sample` returns it as-is (the same reference).
         """
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int):
-            raise ValueError(f"num_steps must be a Python int >= 0, got {type(num_steps).__name__}")
-        if num_steps < 0:
-            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-        with self._lock:
-            if len(self._entries) >= self.num_batches:
-                oldest = self._entries.popleft()
-                self._uses_left -= oldest.uses_left
-                self.evicted_unused_uses += oldest.uses_left
-                self.evicted_unused_steps += oldest.uses_left * oldest.num_steps
-            self._entries.append(_Entry(batch, self.uses_per_batch, num_steps))
-            self._uses_left += self.uses_per_batch
-            self.total_added += 1
+        if len(self._entries) >= self.num_batches:
+            oldest = self._entries.popleft()
+            self._uses_left -= oldest.uses_left
+            self.evicted_unused_uses += oldest.uses_left
+        self._entries.append(_Entry(batch, self.uses_per_batch))
+        self._uses_left += self.uses_per_batch
+        self.total_added += 1
 
     def sample(self) -> Any:
         """Draw one remaining (batch, use) slot uniformly at random; ``None`` if empty.
 
         The drawn batch loses one use and is dropped once it has none left.
         """
-        with self._lock:
-            if self._uses_left == 0:
-                return None
-            k = self._rng.randrange(self._uses_left)
-            for i, entry in enumerate(self._entries):  # noqa: B007 - i is used after the loop
-                if k < entry.uses_left:
-                    break
-                k -= entry.uses_left
-            else:  # pragma: no cover - the counters are kept consistent above
-                raise RuntimeError("CircularBuffer: uses_left counter out of sync")
-            entry.uses_left -= 1
-            self._uses_left -= 1
-            self.total_draws += 1
-            if entry.uses_left == 0:
-                del self._entries[i]
-            return entry.batch
+        if self._uses_left == 0:
+            return None
+        k = self._rng.randrange(self._uses_left)
+        for i, entry in enumerate(self._entries):  # noqa: B007 - i is used after the loop
+            if k < entry.uses_left:
+                break
+            k -= entry.uses_left
+        else:  # pragma: no cover - the counters are kept consistent above
+            raise RuntimeError("CircularBuffer: uses_left counter out of sync")
+        entry.uses_left -= 1
+        self._uses_left -= 1
+        self.total_draws += 1
+        if entry.uses_left == 0:
+            del self._entries[i]
+        return entry.batch
 
     def __len__(self) -> int:
         """Number of batches held (each with at least one use left)."""
@@ -158,32 +144,22 @@ class CircularBuffer:
     def state_dict(self, encode: Callable[[Any], Any] = lambda batch: batch) -> dict[str, Any]:
         """Everything the buffer's future depends on; ``encode`` turns a held batch into what a
         checkpoint can hold (tensors and plain types)."""
-        with self._lock:
-            return {
-                "entries": [{"batch": encode(e.batch), "uses_left": e.uses_left, "num_steps": e.num_steps}
-                            for e in self._entries],
-                "rng": encode_python_rng(self._rng.getstate()),
-                "counters": {"total_draws": self.total_draws, "total_added": self.total_added,
-                             "evicted_unused_uses": self.evicted_unused_uses,
-                             "evicted_unused_steps": self.evicted_unused_steps},
-            }
+        return {
+            "entries": [{"batch": encode(e.batch), "uses_left": e.uses_left} for e in self._entries],
+            "rng": encode_python_rng(self._rng.getstate()),
+            "counters": {key: getattr(self, key) for key in _COUNTERS},
+        }
 
     def load_state_dict(self, state: dict[str, Any], decode: Callable[[Any], Any] = lambda batch: batch) -> None:
-        with self._lock:
-            self._entries = deque(_Entry(decode(e["batch"]), e["uses_left"], e["num_steps"]) for e in state["entries"])
-            self._uses_left = sum(e.uses_left for e in self._entries)
-            self._rng.setstate(decode_python_rng(state["rng"]))
-            for key, value in state["counters"].items():
-                setattr(self, key, value)
+        """Restore :meth:`state_dict`'s output. Keys that older versions wrote and this one no
+        longer keeps (an entry's ``num_steps``, the ``evicted_unused_steps`` counter) are ignored."""
+        self._entries = deque(_Entry(decode(e["batch"]), e["uses_left"]) for e in state["entries"])
+        self._uses_left = sum(e.uses_left for e in self._entries)
+        self._rng.setstate(decode_python_rng(state["rng"]))
+        for key in _COUNTERS:
+            setattr(self, key, state["counters"][key])
 
     def stats(self) -> dict[str, int]:
         """Counters for logging: held batches, uses left, draws, additions, evictions."""
-        with self._lock:
-            return {
-                "held_batches": len(self._entries),
-                "uses_left": self._uses_left,
-                "total_draws": self.total_draws,
-                "total_added": self.total_added,
-                "evicted_unused_uses": self.evicted_unused_uses,
-                "evicted_unused_steps": self.evicted_unused_steps,
-            }
+        return {"held_batches": len(self._entries), "uses_left": self._uses_left,
+                **{key: getattr(self, key) for key in _COUNTERS}}
