@@ -151,7 +151,7 @@ def test_gae_trailing_dims_broadcast():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(rewards=torch.zeros(3, 2)), "rewards and values"),
+        (dict(rewards=torch.zeros(3, 2)), "rewards must have the shape of values"),
         (dict(bootstrap_value=torch.zeros(2, 1)), "bootstrap_value"),
         (dict(bootstrap_value=torch.zeros(3)), "bootstrap_value"),
         (dict(discounts=torch.zeros(3, 2)), "discounts"),

@@ -242,7 +242,7 @@ def test_inconsistent_rank_raises():
             dict(log_rhos=torch.zeros(5, 2, 1)),
             r"log_rhos rank must equal discounts rank.*\(5, 2, 1\)",
         ),
-        (dict(rewards=torch.zeros(5, 3)), r"rewards and values must have the same shape.*\(5, 3\)"),
+        (dict(rewards=torch.zeros(5, 3)), r"rewards must have the shape of values.*\(5, 3\)"),
         (dict(bootstrap_value=torch.zeros(3)), r"bootstrap_value must have the shape of values"),
         (dict(log_rhos=torch.zeros(4, 2), discounts=torch.zeros(4, 2)), r"log_rhos must have T"),
         (dict(log_rhos=torch.zeros(5, 3)), r"log_rhos shape \(5, 3\) does not broadcast"),

@@ -23,7 +23,6 @@ __all__ = [
     "check_float_tensor",
     "check_tensor_kind",
     "check_shape_of",
-    "check_same_shape",
     "check_same_dtype",
     "check_same_device",
     "check_same_float",
@@ -104,22 +103,6 @@ def check_shape_of(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
     if shape_tuple(x) != shape_tuple(ref):
         raise ValueError(
             f"{name} must have the shape of {ref_name} {shape_tuple(ref)}, got {shape_tuple(x)}"
-        )
-
-
-def check_same_shape(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
-    """Require ``x.shape == ref.shape``, reported with both shapes named.
-
-    Same test as :func:`check_shape_of`, worded for two peers rather than a reference.
-
-    Raises:
-        ValueError: ``"{name} and {ref_name} must have the same shape, got {name} shape ...
-            and {ref_name} shape ..."``.
-    """
-    if shape_tuple(x) != shape_tuple(ref):
-        raise ValueError(
-            f"{name} and {ref_name} must have the same shape, got {name} shape "
-            f"{shape_tuple(x)} and {ref_name} shape {shape_tuple(ref)}"
         )
 
 

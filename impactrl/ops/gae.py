@@ -55,7 +55,7 @@ from impactrl.ops.checks import (
     check_per_step,
     check_same_device,
     check_same_dtype,
-    check_same_shape,
+    check_shape_of,
     check_shape_of_step,
     check_time_major,
     check_unit_interval,
@@ -91,7 +91,7 @@ def _validate_gae_inputs(
 
     check_time_major("values", values)
     check_has_time_steps("values", values)
-    check_same_shape("rewards", rewards, "values", values)
+    check_shape_of("rewards", rewards, "values", values)
     check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
     check_per_step("discounts", discounts, "values", values)
     for name, x in named:

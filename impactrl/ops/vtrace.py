@@ -85,7 +85,7 @@ from impactrl.ops.checks import (
     check_per_step,
     check_same_device,
     check_same_dtype,
-    check_same_shape,
+    check_shape_of,
     check_shape_of_step,
     check_threshold,
     check_time_major,
@@ -138,7 +138,7 @@ def _validate_vtrace_inputs(
             f"log_rhos rank must equal discounts rank, got log_rhos shape {shape_tuple(log_rhos)} "
             f"and discounts shape {shape_tuple(discounts)}"
         )
-    check_same_shape("rewards", rewards, "values", values)
+    check_shape_of("rewards", rewards, "values", values)
     if bootstrap_value.dim() != rank - 1:
         raise ValueError(
             f"bootstrap_value rank must be values rank - 1 = {rank - 1}, got bootstrap_value "
