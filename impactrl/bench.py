@@ -39,6 +39,7 @@ def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "env_steps_per_s": (last["env_steps"] - first["env_steps"]) / (last["wall_time_s"] - first["wall_time_s"]),
         "measured_s": last["wall_time_s"] - first["wall_time_s"],
+        "updates_per_s": (last["learner_updates"] - first["learner_updates"]) / (last["wall_time_s"] - first["wall_time_s"]),
         "policy_lag_mean": float(np.mean([r["policy_lag_mean"] for r in steady if r["policy_lag_mean"] is not None])),
     }
     # A line whose interval received no unrolls (such as one written just as the run stops) has no actor split.
