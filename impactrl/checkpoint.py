@@ -16,6 +16,7 @@ one checkpoint interval.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from impactrl.errors import UserError
+from impactrl.errors import UserError, write_failed
 
 LATEST = "latest.pt"
 REQUIRED_KEYS = ("agent", "optimizer", "algorithm", "learner", "rng", "config")
@@ -77,14 +78,25 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int) -> Path:
     """Write ``state`` as ``checkpoints/NAME.pt`` with its checksum, point ``latest.pt`` at it,
-    keep the newest ``keep``."""
+    keep the newest ``keep``. RunDirFailed (one line, no partial file left) when it cannot."""
     directory = checkpoint_dir(run_dir)
-    directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getbuffer()
     path = directory / f"{name}.pt"
-    _write_atomically(directory / f"{name}.pt.sha256", hashlib.sha256(data).hexdigest().encode())
+    try:
+        _save(directory, path, data, keep)
+    except OSError as error:
+        for partial in directory.glob(".*.partial") if directory.is_dir() else ():
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+        raise write_failed(run_dir, path, error) from error
+    return path
+
+
+def _save(directory: Path, path: Path, data: memoryview, keep: int) -> None:
+    directory.mkdir(exist_ok=True)  # never its parents: a deleted run directory stays deleted
+    _write_atomically(directory / f"{path.name}.sha256", hashlib.sha256(data).hexdigest().encode())
     _write_atomically(path, data)
     link = directory / ".latest.partial"
     link.unlink(missing_ok=True)
@@ -98,7 +110,6 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int) 
     for old in checkpoints_newest_first(directory)[keep:]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
-    return path
 
 
 def checkpoints_newest_first(directory: Path) -> list[Path]:

@@ -23,7 +23,7 @@ import tyro
 import yaml
 
 from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml, unread_settings
-from impactrl.errors import ActorFailed, TrainingDiverged, UserError, stopped
+from impactrl.errors import ActorFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.runlock import check_unlocked, hold
 
 USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
@@ -285,8 +285,12 @@ def train(argv: Sequence[str]) -> int:
     run_dir = config.run_dir()
     create_run_dir(run_dir)
     with hold(run_dir):  # for the run's life: a second train on RUN_DIR is refused
-        write_config(run_dir, config)
-        record_invocation(run_dir, ["train", *argv], checkpoint)
+        try:
+            write_config(run_dir, config)
+            record_invocation(run_dir, ["train", *argv], checkpoint)
+        except OSError as error:  # a full disk: the probe file of create_run_dir took no space
+            raise UserError(f"--out {run_dir}: cannot write {error.filename or run_dir}: {error.strerror or error}") \
+                from None
         counters = run_training(config, learner, spec, run_dir, quiet)
     print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
           f"{counters.wall_time_s:.1f}s; run in {run_dir}")
@@ -456,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ActorFailed, TrainingDiverged) as error:
         print(f"impactrl {argv[0]}: {stopped(error)}", file=sys.stderr)
         sys.exit(1)
+    except RunDirFailed as error:
+        print(f"impactrl {argv[0]}: error: {run_dir_failed(error)}", file=sys.stderr)
+        sys.exit(3)
     except KeyboardInterrupt as error:
         # Exiting already: another Ctrl-C or SIGTERM would only break the exit with a traceback.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

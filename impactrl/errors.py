@@ -2,12 +2,37 @@
 ones that stop a run, and what the CLI says when one does.
 
 The CLI turns a ``UserError`` into one line on stderr and exit code 2, before any process
-starts; everything else is a bug and keeps its traceback.
+starts, and a ``RunDirFailed`` into one line and exit code 3; everything else is a bug and keeps
+its traceback.
 """
+
+from pathlib import Path
 
 
 class UserError(ValueError):
     """A problem with what the user asked for, explained in one line."""
+
+
+class RunDirFailed(RuntimeError):
+    """A write to the run directory failed mid-run (a full disk, made read-only, deleted): the run stops."""
+
+
+def write_failed(run_dir: Path, path: Path, error: OSError) -> RunDirFailed:
+    """The one line for a failed write of ``path`` in ``run_dir``: its cause, or that the directory went."""
+    if not Path(run_dir).is_dir():
+        return RunDirFailed(f"the run directory {run_dir} was deleted (or moved) while the run wrote to it; "
+                            "nothing was recreated")
+    return RunDirFailed(f"cannot write {path}: {error.strerror or error}")
+
+
+def run_dir_failed(error: RunDirFailed) -> str:
+    """What the CLI says: the first failure (a last checkpoint may have failed after it, or been written)."""
+    first = error
+    while isinstance(first.__context__, RunDirFailed):
+        first = first.__context__
+    if "was deleted" in str(first):
+        return f"{first}; the run stopped"
+    return f"{first}; the run stopped (--resume continues from its newest checkpoint once that is fixed)"
 
 
 class ActorFailed(RuntimeError):

@@ -9,11 +9,13 @@ plus namespaced statistics (loss/..., vtrace/..., time/..., actor/<id>/...).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import shutil
 import sys
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -21,7 +23,7 @@ from typing import Any, BinaryIO, TextIO
 import numpy as np
 
 from impactrl.data.rollout import ACTOR_STAGES
-from impactrl.errors import UserError
+from impactrl.errors import RunDirFailed, UserError, write_failed
 
 
 class MetricsWriter:
@@ -38,11 +40,16 @@ class MetricsWriter:
         from torch.utils.tensorboard import SummaryWriter
 
         self.wandb_run = wandb_run
-        path = Path(run_dir) / "metrics.jsonl"
-        drop_torn_tail(path)  # a killed run's half line: the next one would glue onto it
-        self.jsonl = open(path, "ab", buffering=0)  # unbuffered: append_line's write is the file's
-        self.log = open(Path(run_dir) / "train.log", "a", buffering=1)
-        self.tensorboard = SummaryWriter(str(Path(run_dir) / "tb"))
+        self.run_dir = Path(run_dir)
+        self.jsonl_path, self.log_path, self.tb_path = (self.run_dir / name for name in ("metrics.jsonl", "train.log", "tb"))
+        with self.writing(self.jsonl_path):
+            drop_torn_tail(self.jsonl_path)  # a killed run's half line: the next one would glue onto it
+            self.jsonl = open(self.jsonl_path, "ab", buffering=0)  # unbuffered: append_line's write is the file's
+        with self.writing(self.log_path):
+            self.log = open(self.log_path, "a", buffering=1)
+        with self.writing(self.tb_path):
+            self.tensorboard = SummaryWriter(str(self.tb_path))
+        self._excepthook = quiet_tensorboard_thread()
         self.terminal = terminal
         self.total_env_steps = total_env_steps
         self.bar = None
@@ -56,17 +63,30 @@ class MetricsWriter:
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
         self.latest_warning = ""
 
+    @contextlib.contextmanager
+    def writing(self, path: Path):
+        """A failed write of ``path`` (a full disk, a read-only or deleted run directory) as RunDirFailed."""
+        try:
+            yield
+        except OSError as error:
+            raise write_failed(self.run_dir, path, error) from error
+
     def write(self, record: dict[str, Any]) -> None:
-        append_line(self.jsonl, json_line(record))
+        with self.writing(self.jsonl_path):
+            append_line(self.jsonl, json_line(record))
+            if os.fstat(self.jsonl.fileno()).st_nlink == 0:  # writes to a deleted file succeed, unread
+                raise FileNotFoundError(errno.ENOENT, "deleted while the run wrote to it")
         step = record["env_steps"]
         scalars = {key: value for key, value in flatten(record).items()
                    if key != "env_steps" and isinstance(value, (int, float)) and math.isfinite(value)}
-        for key, value in scalars.items():
-            self.tensorboard.add_scalar(key, value, step)
+        with self.writing(self.tb_path):
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(key, value, step)
         if self.wandb_run is not None:
             self.wandb_run.log({**scalars, "env_steps": step})
         line = terminal_line(record, self.total_env_steps)
-        self.log.write(line + "\n")
+        with self.writing(self.log_path):
+            self.log.write(line + "\n")
         if self.bar is not None:
             self.bar.update(min(step, self.total_env_steps) - self.bar.n)
             self.bar.set_postfix_str(status(record) + (f" | {self.latest_warning}" if self.latest_warning else ""))
@@ -83,20 +103,44 @@ class MetricsWriter:
 
     def log_only(self, text: str) -> None:
         """A line for train.log alone: one the CLI itself shows on the terminal (why the run stopped)."""
-        self.log.write(f"impactrl: {text}\n")
+        with self.writing(self.log_path):
+            self.log.write(f"impactrl: {text}\n")
 
     def warn(self, text: str) -> None:
         self.latest_warning = text.split("]")[0].strip("[")  # the rule's name fits the bar
         self.message(f"warning: {text}")
 
     def close(self) -> None:
+        """Close everything; RunDirFailed for the first that could not be flushed."""
         if self.bar is not None:
             self.bar.close()
-        self.jsonl.close()
-        self.log.close()
-        self.tensorboard.close()
+        failure = None
+        for path, close in ((self.jsonl_path, self.jsonl.close), (self.log_path, self.log.close),
+                            (self.tb_path, self.tensorboard.close)):
+            try:
+                with self.writing(path):
+                    close()
+            except RunDirFailed as error:
+                failure = failure or error
+        threading.excepthook = self._excepthook
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if failure is not None:
+            raise failure
+
+
+def quiet_tensorboard_thread():
+    """Keep an OSError in TensorBoard's writer thread (a full disk) off stderr, where Python prints
+    a thread's exception as a traceback; TensorBoard raises it again at our next write, where it
+    becomes one line. Returns the hook to restore."""
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if not (type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    threading.excepthook = hook
+    return previous
 
 
 def append_line(file: BinaryIO, line: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -14,7 +15,7 @@ from impactrl.algos import make_algorithm
 from impactrl.build import make_agent, rollout_spec, run_tasks
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
-from impactrl.errors import ActorFailed, TrainingDiverged, UserError, stopped
+from impactrl.errors import ActorFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.metrics import MetricsWriter
 from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
@@ -58,11 +59,20 @@ def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Pat
     """Run ``config`` on its runtime (with ``synthetic`` actors: ``impactrl bench --synthetic-actors``)."""
     writer = MetricsWriter(run_dir, config.total_env_steps, terminal=None if quiet else sys.stdout,
                            wandb_run=start_wandb(config, run_dir) if config.wandb_project else None)
+    finished = False
     try:
         extra = {} if synthetic is None else {"synthetic": synthetic}
-        return get_runtime(config.runtime).run(config, learner, spec, run_dir, writer, **extra)
-    except (KeyboardInterrupt, ActorFailed, TrainingDiverged) as error:
-        writer.log_only(stopped(error))  # cli.main shows it on the terminal, once the bar is closed
+        counters = get_runtime(config.runtime).run(config, learner, spec, run_dir, writer, **extra)
+        finished = True
+        return counters
+    except (KeyboardInterrupt, ActorFailed, TrainingDiverged, RunDirFailed) as error:
+        # cli.main shows it on the terminal, once the bar is closed; train.log gets it if it still can
+        with contextlib.suppress(RunDirFailed):
+            writer.log_only(run_dir_failed(error) if isinstance(error, RunDirFailed) else stopped(error))
         raise
     finally:
-        writer.close()
+        try:
+            writer.close()
+        except RunDirFailed:
+            if finished:  # else the failure already on its way says more
+                raise

@@ -108,6 +108,7 @@ def test_a_copied_run_directory_loads_the_checkpoint_it_stopped_at(tmp_path):
     """Copies reset modification times (cp -r, scp, an upload), by which the newest is found
     otherwise: latest.pt still names it, or is a copy of it when the copy followed links."""
     run = tmp_path / "run"
+    run.mkdir()  # save_checkpoint never creates a run directory
     for updates in (10, 20, 30):
         state = {key: updates for key in ("agent", "optimizer", "algorithm", "rng", "config")}
         save_checkpoint(run, {**state, "learner": {"updates": updates}}, f"ckpt_{updates:010d}", keep=3)

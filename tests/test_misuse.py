@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import FAST, run_cli
+from impactrl.checkpoint import load_checkpoint
 from impactrl.cli import main, resolve_train_config
 from impactrl.errors import UserError
 from impactrl.runlock import check_unlocked, hold
@@ -281,3 +282,86 @@ def test_readmes_default_run_is_not_flagged_for_policy_lag(tmp_path: Path, capsy
 
     flagged = policy_lag_high([{**line, "policy_lag_mean": 25.0} for line in lines], config)
     assert flagged is not None and "3x" not in flagged.why and "--max-policy-lag 20" in flagged.change
+
+
+def start_checkpointing_run(run_dir: Path) -> subprocess.Popen:
+    """A CartPole run with a budget it will not reach, checkpointing every second, once it has one."""
+    process = subprocess.Popen([sys.executable, "-m", "impactrl", "train", *CARTPOLE, "--total-env-steps", "100000000",
+                                "--checkpoint-interval-s", "1", "--out", str(run_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "latest.pt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.2)
+    return process
+
+
+def stopped_with_one_line(process: subprocess.Popen) -> str:
+    _, stderr = process.communicate(timeout=120)
+    lines = stderr.splitlines()
+    assert process.returncode == 3 and len(lines) == 1 and lines[0].startswith("impactrl train: error: "), stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 4 MiB tmpfs: filling it is how root meets a write that fails (permissions do not stop root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (test_a_read_only_run_directory covers the others)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.mark.slow  # trains with real processes
+def test_a_full_run_directory_stops_the_run_with_one_line_and_exit_code_3(small_disk: Path):
+    run_dir = small_disk / "run"
+    process = start_checkpointing_run(run_dir)
+    with open(small_disk / "filler", "wb") as filler:  # the disk fills up under the run
+        with pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+    line = stopped_with_one_line(process)
+    assert f"cannot write {run_dir}/" in line and "No space left on device" in line, line
+    assert "--resume" in line
+    assert not list(run_dir.rglob("*.partial"))
+    (small_disk / "filler").unlink()
+    load_checkpoint(run_dir)  # what --resume continues from is whole
+
+
+@pytest.mark.slow  # trains with real processes
+def test_a_read_only_run_directory_stops_the_run_with_one_line(tmp_path: Path):
+    probe = tmp_path / "probe"
+    probe.mkdir(mode=0o555)
+    try:
+        (probe / "file").touch()
+        pytest.skip("permissions do not stop this user (root): the full-disk test covers it")
+    except PermissionError:
+        pass
+    run_dir = tmp_path / "run"
+    process = start_checkpointing_run(run_dir)
+    try:
+        for directory in (run_dir, run_dir / "checkpoints"):
+            directory.chmod(0o555)
+        line = stopped_with_one_line(process)
+    finally:
+        for directory in (run_dir, run_dir / "checkpoints"):
+            directory.chmod(0o755)
+    assert f"cannot write {run_dir}/checkpoints/" in line and "Permission denied" in line, line
+
+
+@pytest.mark.slow  # trains with real processes
+def test_a_run_directory_deleted_mid_run_is_not_recreated(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    process = start_checkpointing_run(run_dir)
+    shutil.rmtree(run_dir)
+    line = stopped_with_one_line(process)
+    assert line == (f"impactrl train: error: the run directory {run_dir} was deleted (or moved) while the run wrote "
+                    "to it; nothing was recreated; the run stopped"), line
+    assert not run_dir.exists()
