@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -87,8 +88,9 @@ class TrainRequest(NamedTuple):
     quiet: bool  # --quiet: nothing on the terminal (train.log still gets it all)
 
 
-def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
-    """Defaults < the presets (or the resumed run's config) < --config FILE.yaml < flags."""
+def resolve_train_config(argv: Sequence[str], settings: dict | None = None, source: str = "config") -> TrainRequest:
+    """Defaults < the presets (or the resumed run's config) < --config FILE.yaml < ``settings`` (the
+    Python API's, checked like the file's; ``source`` names them in errors) < flags."""
     pre = ArgumentParser(prog="impactrl train", add_help=False)
     pre.add_argument("--config", type=Path)
     pre.add_argument("--resume", type=Path)
@@ -103,6 +105,7 @@ def resolve_train_config(argv: Sequence[str]) -> TrainRequest:
     if known.algo is not None:
         rest += ["--algo", known.algo]
     file_values = load_yaml(known.config) if known.config is not None else {}
+    file_values.update(coerce(settings or {}, source))
     if known.resume is not None:
         saved = known.resume / "config.yaml"
         if not saved.exists():
@@ -150,7 +153,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     from impactrl.build import env_options, env_tasks, make_agent, rollout_spec, run_tasks
     from impactrl.checkpoint import load_checkpoint
     from impactrl.data.rollout import data_bytes
-    from impactrl.envs.factory import env_family
+    from impactrl.envs.factory import check_where_actors_run, env_family
     from impactrl.runtime import preflight
 
     found = problems(config) + env_options(config).problems()
@@ -161,6 +164,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
     tasks = run_tasks(config)
+    check_where_actors_run(tasks.ids, env_options(config))
     env_tasks(config, tasks)  # enough envs for the tasks, one weight per task
     if config.stop_at_return is not None and tasks.multi_task:
         raise UserError("--stop-at-return needs one task: a mean over several tasks' returns mixes their scales")
@@ -270,31 +274,44 @@ def write_config(run_dir: Path, config: TrainConfig) -> None:
 
 
 def train(argv: Sequence[str]) -> int:
-    config, resume, checkpoint_name, quiet = resolve_train_config(argv)
+    run_dir, counters = run_train(resolve_train_config(argv), ["train", *argv])
+    print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
+          f"{counters.wall_time_s:.1f}s; run in {run_dir}")
+    return 0
+
+
+def run_train(request: TrainRequest, invocation: list[str]):
+    """Check, then train ``request`` in its run directory (``impactrl train`` and impactrl.train);
+    (run directory, final counters). ``invocation`` goes to invocations.jsonl."""
+    config, resume, checkpoint_name, quiet = request
     checkpoint = validate_train(config, resume, checkpoint_name)
     # A scheduler's SIGTERM stops the run like Ctrl-C: checkpoint first, then exit. (Background
     # jobs of a non-interactive shell ignore SIGINT, so SIGTERM is how such runs are stopped.)
-    signal.signal(signal.SIGTERM, interrupt)
+    # Only the main thread may set it (the Python API may be called from another).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupt) if main_thread else None
 
     from impactrl.provenance import record_invocation
     from impactrl.training import build_learner, train as run_training
 
-    # Nothing is written before the learner is built and the checkpoint loaded into it: a
-    # command that fails leaves the run directory as it found it.
-    learner, spec = build_learner(config, checkpoint)
-    run_dir = config.run_dir()
-    create_run_dir(run_dir)
-    with hold(run_dir):  # for the run's life: a second train on RUN_DIR is refused
-        try:
-            write_config(run_dir, config)
-            record_invocation(run_dir, ["train", *argv], checkpoint)
-        except OSError as error:  # a full disk: the probe file of create_run_dir took no space
-            raise UserError(f"--out {run_dir}: cannot write {error.filename or run_dir}: {error.strerror or error}") \
-                from None
-        counters = run_training(config, learner, spec, run_dir, quiet)
-    print(f"done: {counters.env_steps:,} env steps, {counters.updates:,} learner updates, "
-          f"{counters.wall_time_s:.1f}s; run in {run_dir}")
-    return 0
+    try:
+        # Nothing is written before the learner is built and the checkpoint loaded into it: a
+        # command that fails leaves the run directory as it found it.
+        learner, spec = build_learner(config, checkpoint)
+        run_dir = config.run_dir()
+        create_run_dir(run_dir)
+        with hold(run_dir):  # for the run's life: a second train on RUN_DIR is refused
+            try:
+                write_config(run_dir, config)
+                record_invocation(run_dir, invocation, checkpoint)
+            except OSError as error:  # a full disk: the probe file of create_run_dir took no space
+                raise UserError(f"--out {run_dir}: cannot write {error.filename or run_dir}: "
+                                f"{error.strerror or error}") from None
+            counters = run_training(config, learner, spec, run_dir, quiet)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    return run_dir, counters
 
 
 def bench(argv: Sequence[str]) -> int:
@@ -384,7 +401,8 @@ def evaluate(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="impactrl eval", description="Play episodes with a trained agent "
                             "(whole games, no episodic life) and print one JSON line.")
     parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or a checkpoint file")
-    parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default 10)")
+    parser.add_argument("--episodes", type=int, default=30, help="episodes to play (default 30, as the Atari papers "
+                        "report; Atari games start with the run's no-op starts)")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs (default 12345)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
     parser.add_argument("--num-envs", type=int, default=8, help="envs stepped in lockstep (default 8)")
@@ -394,7 +412,12 @@ def evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--reference", type=Path, nargs="+", default=[], metavar="RUN",
                         help="multi-task agent: single-task runs (run directories or checkpoints) on its tasks; "
                         "each task's score is (R - R_random) / (R_reference - R_random), and score their mean")
+    parser.add_argument("--sticky-action-prob", type=float, metavar="P",
+                        help="Atari: repeat the previous action with probability P (default: as the run trained; "
+                        "0.25 is the v5 games' own)")
     args = parser.parse_args(list(argv))
+    if args.sticky_action_prob is not None and not 0.0 <= args.sticky_action_prob <= 1.0:
+        raise UserError(f"--sticky-action-prob must be in [0, 1], got {args.sticky_action_prob:g}")
     if args.episodes < 1:
         raise UserError(f"--episodes must be >= 1, got {args.episodes}")
     if args.num_envs < 1:
@@ -407,6 +430,7 @@ def evaluate(argv: Sequence[str]) -> int:
     # A few envs per forward pass: more threads only add synchronisation (much slower on a busy machine).
     torch.set_num_threads(1)
     result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs,
+                                 sticky_action_prob=args.sticky_action_prob,
                                  video_dir=args.video, references=args.reference)
     print(json_line(result))
     return 0

@@ -111,7 +111,7 @@ class Played:
 
 def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bool = False,
                         num_envs: int = 8, video_dir: Path | None = None,
-                        references: Sequence[Path] = ()) -> dict:
+                        references: Sequence[Path] = (), sticky_action_prob: float | None = None) -> dict:
     """Mean and std of the undiscounted return over ``episodes`` whole episodes, and the value
     error against the returns that followed (``MonteCarloValues``; null with ``greedy``, whose
     policy is not the one the value estimates, and with normalised rewards, whose scale differs
@@ -132,12 +132,18 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     agent.load_state_dict(state["agent"])
     agent.eval()
     options = env_options(config)
+    atari = tasks_family(config.env) == "atari"
+    if sticky_action_prob is not None:
+        if not atari:
+            raise UserError(f"--sticky-action-prob is for Atari games, not {config.env}")
+        options = dataclasses.replace(options, sticky_action_prob=sticky_action_prob)
     if video_dir is not None:
         options = dataclasses.replace(options, render_mode="rgb_array")
         Path(video_dir).mkdir(parents=True, exist_ok=True)
     num_envs = min(num_envs, episodes)
     shape = tuple(tasks.observation_space.shape)
-    common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy}
+    common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy,
+              **({"noop_max": options.noop_max, "sticky_action_prob": options.sticky_action_prob} if atari else {})}
     if not tasks.multi_task:
         if references:
             raise UserError(f"--reference compares a multi-task agent with single-task runs, but {path} is a run on "
@@ -148,7 +154,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
                 **common, **({"videos": played.videos} if video_dir is not None else {})}
     reference_returns = {}
     for reference in references:
-        result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs)
+        result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs, sticky_action_prob=sticky_action_prob)
         if result["env"] not in tasks.ids:
             raise UserError(f"--reference {reference}: a run on {result['env']}, not a single-task run on one of "
                             f"{', '.join(tasks.ids)}")

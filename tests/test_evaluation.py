@@ -1,11 +1,13 @@
 """The value error ``impactrl eval`` reports: V(x_t) against the discounted return that followed."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import run_cli
 from impactrl.build import env_options, make_agent, run_tasks
 from impactrl.config import TrainConfig, with_values
 from impactrl.envs import make_env
@@ -61,3 +63,16 @@ def test_truncated_episodes_bootstrap_from_their_final_value():
     targets = [sum(gamma ** k for k in range(5 - t)) + gamma ** (5 - t) * c for t in range(5)]
     assert played.value_error["value_mse"] == pytest.approx(np.mean([(c - g) ** 2 for g in targets]), rel=1e-6)
     assert math.isfinite(played.value_error["value_explained_variance"])
+
+
+@pytest.mark.slow
+def test_eval_plays_atari_with_no_op_starts_and_the_sticky_actions_asked_for(tmp_path):
+    run_dir = tmp_path / "pong"
+    run_cli("train", "--env", "ALE/Pong-v5", "--num-actors", "1", "--envs-per-actor", "2", "--batch-size", "2",
+            "--max-episode-steps", "30", "--sticky-action-prob", "0", "--total-env-steps", "400", "--out", str(run_dir),
+            check=True)
+    result = json.loads(run_cli("eval", str(run_dir), "--episodes", "2", "--num-envs", "2", "--sticky-action-prob",
+                                "0.25", check=True).stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 2 and result["noop_max"] == 30 and result["sticky_action_prob"] == 0.25
+    refused = run_cli("eval", str(run_dir), "--sticky-action-prob", "2")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
