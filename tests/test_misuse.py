@@ -365,3 +365,101 @@ def test_a_run_directory_deleted_mid_run_is_not_recreated(tmp_path: Path):
     assert line == (f"impactrl train: error: the run directory {run_dir} was deleted (or moved) while the run wrote "
                     "to it; nothing was recreated; the run stopped"), line
     assert not run_dir.exists()
+
+
+GUARDED_SCRIPT = '''
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+from impactrl.cli import main
+
+
+class MyCartPole(CartPoleEnv):
+    pass
+
+
+{register}
+if __name__ == "__main__":
+    {register_in_main}
+    main(["train", "--env", "MyCartPole-v0", "--num-actors", "2", "--total-env-steps", "2000", "--quiet", "--out", "run"])
+'''
+
+
+def test_ids_every_fresh_process_registers_need_no_probe():
+    import gymnasium as gym
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    from impactrl.envs.factory import registered_on_import
+
+    assert all(registered_on_import(env_id) for env_id in ("CartPole-v1", "ALE/Pong-v5", "MinAtar/Breakout-v1",
+                                                           "impactrl/CartPoleNoVelocity-v1", "faultenvs:Raising-v0"))
+    gym.register("MisuseCartPole-v0", entry_point=CartPoleEnv)  # as a script or notebook would, after import
+    try:
+        assert not registered_on_import("MisuseCartPole-v0") and not registered_on_import("__main__:MisuseCartPole-v0")
+    finally:
+        del gym.registry["MisuseCartPole-v0"]
+
+
+@pytest.mark.slow  # spawns a probe process (and trains, for the env registered at import)
+def test_an_env_registered_under_the_main_guard_is_refused_before_any_actor_starts(tmp_path: Path):
+    script = tmp_path / "user_script.py"
+    register = 'gym.register("MyCartPole-v0", entry_point=MyCartPole, max_episode_steps=500)'
+    script.write_text(GUARDED_SCRIPT.format(register="", register_in_main=register))
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        "impactrl train: error: --env MyCartPole-v0 is not registered in a fresh process; the actors run in fresh "
+        "processes, where an id registered only in this one (e.g. under `if __name__ == \"__main__\":`) does not "
+        "exist: register it at import time in a module, or pass --env module:EnvId"], result.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+    script.write_text(GUARDED_SCRIPT.format(register=register, register_in_main="pass"))  # at import: it trains
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "done: " in result.stdout and (tmp_path / "run" / "checkpoints" / "latest.pt").exists()
+
+
+def test_the_python_api_applies_the_presets_and_checks_of_the_cli(tmp_path: Path):
+    import impactrl
+
+    with pytest.raises(UserError, match="^impactrl.train: learning_rate must be a number, got 'fast'$"):
+        impactrl.train(env="CartPole-v1", learning_rate="fast", out=tmp_path / "run")
+    with pytest.raises(UserError, match="^impactrl.train: unknown setting"):
+        impactrl.train(env="CartPole-v1", learning_rat=0.1, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def guide_section_code(title: str) -> str:
+    """The first ```python block of the guide's section ``title``."""
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
+    section = guide.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow  # trains with real processes
+def test_the_guides_python_api_example_runs_as_written_with_the_presets(tmp_path: Path):
+    (tmp_path / "example.py").write_text(guide_section_code("Python API"))
+    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "api-cartpole"
+    printed_dir, env_steps, _ = result.stdout.split()
+    assert printed_dir == "runs/api-cartpole" and int(env_steps) >= 20_000
+    import yaml
+
+    cli_config = resolve_train_config(["--algo", "impact", "--env", "CartPole-v1", "--num-actors", "2",
+                                       "--total-env-steps", "20000", "--out", "runs/api-cartpole"]).config
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["learning_rate"] == cli_config.learning_rate != 0.0006  # the IMPACT preset, not the plain default
+    assert saved["optimizer"] == cli_config.optimizer
+
+
+@pytest.mark.slow  # trains with real processes
+def test_the_guides_own_environment_example_runs_as_written_and_trains_by_module_id(tmp_path: Path):
+    code = guide_section_code("Your own environment")
+    name = code.splitlines()[0].removeprefix("# ").strip()
+    (tmp_path / name).write_text(code)
+    assert subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, timeout=300).returncode == 0
+    result = run_cli("train", "--algo", "impala", "--env", "mygame:Corridor-v0", *FAST, "--total-env-steps", "3000",
+                     "--out", str(tmp_path / "run"), extra_path=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists()

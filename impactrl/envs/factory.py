@@ -106,6 +106,7 @@ def register_all() -> None:
     with _register_lock:
         if _registered:
             return
+        before = set(gym.registry)
         import ale_py
 
         gym.register_envs(ale_py)
@@ -125,7 +126,74 @@ def register_all() -> None:
                 max_episode_steps=cartpole.max_episode_steps,
                 reward_threshold=cartpole.reward_threshold,
             )
+        _fresh_ids.update(set(gym.registry) - before)
         _registered = True
+
+
+# --------------------------------------------------------------------------- where actors run
+
+# The ids registered when this module is first imported (Gymnasium's own and its plugins'), before a
+# script's `if __name__ == "__main__":` block can register more (impactrl imports it on import),
+# and those register_all adds.
+_fresh_ids = set(gym.registry)
+# Modules whose ids every process registers on import (register_all's among them).
+FRESH_ENTRY_POINTS = ("gymnasium.envs.", "ale_py", "minatar", "impactrl.")
+PROBE_TIMEOUT_S = 120.0
+
+
+def registered_on_import(env_id: str) -> bool:
+    """Whether every fresh process (an actor: spawned, or a Ray worker) registers ``env_id`` too."""
+    if ":" in env_id:  # the actor imports the module itself, unless it is a script's __main__
+        return env_id.partition(":")[0] not in ("__main__", "__mp_main__")
+    spec = env_spec(env_id)
+    from_fresh_module = isinstance(spec.entry_point, str) and spec.entry_point.startswith(FRESH_ENTRY_POINTS)
+    return from_fresh_module and env_id in _fresh_ids
+
+
+def check_where_actors_run(env_ids: tuple[str, ...], options: EnvOptions) -> None:
+    """Make each env a fresh process may lack in one spawned process, as actors are made; UserError
+    when it cannot (an id registered only under a script's `if __name__ == "__main__":`)."""
+    import multiprocessing
+
+    unsure = [env_id for env_id in env_ids if not registered_on_import(env_id)]
+    if not unsure:
+        return  # the common case: no process to start
+    ctx = multiprocessing.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    probe = ctx.Process(target=_probe, args=(unsure, options, writer), name="impactrl-env-probe", daemon=True)
+    probe.start()
+    writer.close()
+    try:
+        failure = reader.recv() if reader.poll(PROBE_TIMEOUT_S) else f"no answer in {PROBE_TIMEOUT_S:g} s"
+    except EOFError:
+        failure = None
+    probe.join(timeout=5.0)
+    if probe.is_alive():
+        probe.kill()
+        probe.join()
+    if failure is None and probe.exitcode != 0:
+        failure = f"the process exited with code {probe.exitcode}"
+    if failure:
+        raise UserError(f"{failure}; the actors run in fresh processes, where an id registered only in this one "
+                        "(e.g. under `if __name__ == \"__main__\":`) does not exist: register it at import time in a "
+                        "module, or pass --env module:EnvId")
+
+
+def _probe(env_ids: list[str], options: EnvOptions, answer) -> None:
+    """In a spawned process: make and reset each env; send None, or what failed."""
+    register_all()
+    for env_id in env_ids:
+        if env_id.partition(":")[2] not in gym.registry and env_id not in gym.registry:
+            answer.send(f"--env {env_id} is not registered in a fresh process")
+            return
+        try:
+            env = make_env(env_id, options)
+            env.reset(seed=0)
+            env.close()
+        except Exception as error:  # noqa: BLE001 - whatever stops an actor
+            answer.send(f"--env {env_id} cannot be made in a fresh process ({_one_line(error)})")
+            return
+    answer.send(None)
 
 
 # --------------------------------------------------------------------------- ids

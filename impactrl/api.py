@@ -1,0 +1,49 @@
+"""The Python API: ``impactrl.train(env=..., algo=..., **settings)`` does what ``impactrl train`` does.
+
+The same presets (env family, algorithm, algorithm for the family), the same checks before any
+process starts, the same run directory (config.yaml, metrics, checkpoints, the lock). Settings are
+the names ``impactrl train --help`` lists with ``_`` for ``-`` (``learning_rate=1e-3``), checked
+like a ``--config`` file's. Mistakes raise ``UserError`` (a ``ValueError``) with the CLI's one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Imported with impactrl: the ids registered by then are the ones every fresh process registers too
+# (a script's `if __name__ == "__main__":` block runs later), see check_where_actors_run.
+import impactrl.envs.factory  # noqa: F401
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path  # config.yaml, metrics.jsonl, checkpoints/ (impactrl eval, plot, diagnose take it)
+    env_steps: int
+    updates: int  # learner updates (the policy version)
+    episodes: int
+    wall_time_s: float
+    return_mean: float | None  # the mean training return of the last (up to) 100 episodes
+
+
+def train(env: str | None = None, algo: str | None = None, *, resume: str | Path | None = None,
+          checkpoint: str | None = None, quiet: bool = False, **settings) -> TrainResult:
+    """Train like ``impactrl train --env ENV --algo ALGO --setting value ...``; with ``resume`` (a run
+    directory) continue that run, as ``--resume`` (``checkpoint`` as ``--checkpoint``). ``quiet``:
+    nothing on the terminal. Blocks until the run ends; Ctrl-C stops it with a checkpoint
+    (KeyboardInterrupt)."""
+    from impactrl.cli import resolve_train_config, run_train
+
+    argv = [*(["--resume", str(resume)] if resume is not None else []),
+            *(["--checkpoint", checkpoint] if checkpoint is not None else []), *(["--quiet"] if quiet else [])]
+    values = {"env": env, "algo": algo, **settings}
+    values = {name: list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value
+              for name, value in values.items() if value is not None}
+    request = resolve_train_config(argv, values, source="impactrl.train")
+    run_dir, counters = run_train(request, ["train (impactrl.train)", *argv,
+                                            *(f"{name}={value!r}" for name, value in values.items())])
+    returns = counters.recent_returns
+    return TrainResult(run_dir, counters.env_steps, counters.updates, counters.episodes, counters.wall_time_s,
+                       float(np.mean(returns)) if returns else None)
