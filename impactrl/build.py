@@ -23,6 +23,7 @@ def env_options(config: TrainConfig) -> EnvOptions:
         episodic_life=config.episodic_life,
         max_episode_steps=config.max_episode_steps,
         normalize_reward_gamma=config.discount if config.normalize_rewards else None,
+        image_layout=config.image_layout,
     )
 
 

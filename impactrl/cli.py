@@ -41,7 +41,7 @@ USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
 # Settings a resumed run cannot change: they shape the model, its inputs or the algorithm's state.
 FIXED_ON_RESUME = ("env", "algo", "torso", "hidden_sizes", "use_lstm", "lstm_size", "separate_value_network",
                    "normalize_observations", "normalize_rewards", "squash_actions", "optimizer", "frame_stack",
-                   "popart")
+                   "popart", "image_layout")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -153,7 +153,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     from impactrl.build import env_options, env_tasks, make_agent, rollout_spec, run_tasks
     from impactrl.checkpoint import load_checkpoint
     from impactrl.data.rollout import data_bytes
-    from impactrl.envs.factory import check_where_actors_run, env_family
+    from impactrl.envs.factory import check_where_actors_run, env_family, image_layout, make_env
     from impactrl.runtime import preflight
 
     found = problems(config) + env_options(config).problems()
@@ -165,6 +165,16 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
     tasks = run_tasks(config)
     check_where_actors_run(tasks.ids, env_options(config))
+    family = env_family(tasks.ids[0])
+    if config.image_layout == "auto" and len(tasks.observation_space.shape) == 3 and family not in ("atari", "minatar"):
+        for env_id in tasks.ids:  # auto read the layout from the shape: say so when it transposes
+            raw = make_env(env_id, dataclasses.replace(env_options(config), image_layout="chw"))
+            shape = tuple(raw.observation_space.shape)
+            raw.close()
+            if image_layout(env_id, raw.observation_space, "auto") == "hwc":
+                print(f"impactrl train: note: {env_id}'s observations {shape} read as (height, width, channels) and "
+                      f"transposed to {(shape[2], shape[0], shape[1])}; --image-layout chw says otherwise",
+                      file=sys.stderr)
     env_tasks(config, tasks)  # enough envs for the tasks, one weight per task
     if config.stop_at_return is not None and tasks.multi_task:
         raise UserError("--stop-at-return needs one task: a mean over several tasks' returns mixes their scales")
@@ -184,7 +194,6 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
                         f"{slot_bytes / 2**20:.1f} MiB plus {batches_held} batches in the learner), more than 80% of "
                         f"the {available / 2**30:.1f} GiB available: lower --unroll-length, --envs-per-actor, "
                         "--batch-size or --queue-slots")
-    family = env_family(tasks.ids[0])
     actors_here = config.runtime == "local" or config.ray_address is None  # processes on this machine
     if actors_here and available is not None:
         actor_bytes = ACTOR_MEMORY_MIB[family] * 2**20

@@ -108,6 +108,11 @@ class TrainConfig:
     """Atari: a lost life ends the training episode (evaluation always plays whole games)."""
     max_episode_steps: int | None = None
     """Truncate episodes after this many steps (None = the env's own limit)."""
+    image_layout: Literal["auto", "chw", "hwc"] = "auto"
+    """3-D Box observations of other envs than Atari and MinAtar: chw (channels first, as the CNNs
+    take them), hwc (height x width x channels: transposed), auto (hwc when the last size is a
+    channel count (<= 4, or at most half the others) and the first is not, chw the other way round;
+    a shape that says neither is refused)."""
 
     # --- model --------------------------------------------------------------------------------
     torso: Literal["auto", "mlp", "minatar", "shallow_cnn", "resnet"] = "auto"

@@ -463,3 +463,62 @@ def test_the_guides_own_environment_example_runs_as_written_and_trains_by_module
                      "--out", str(tmp_path / "run"), extra_path=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists()
+
+
+IMAGE_ENVS = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Picture(gym.Env):
+    """Random uint8 pictures of a fixed shape; an episode lasts 10 steps."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, shape):
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), 1.0, self.t >= 10, False, {}
+
+
+gym.register("Hwc-v0", entry_point=Picture, kwargs={"shape": (37, 13, 5)})
+gym.register("Cube-v0", entry_point=Picture, kwargs={"shape": (3, 3, 3)})
+'''
+
+
+def test_an_image_in_height_width_channels_order_is_transposed_and_said_so(tmp_path: Path, capsys, monkeypatch):
+    (tmp_path / "imageenvs.py").write_text(IMAGE_ENVS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from impactrl.cli import validate_train
+    from impactrl.envs import EnvOptions, make_env
+    from impactrl.training import build_learner
+
+    env = make_env("imageenvs:Hwc-v0", EnvOptions())
+    obs, _ = env.reset(seed=0)
+    raw = env.unwrapped.observation_space
+    assert raw.shape == (37, 13, 5) and obs.shape == env.observation_space.shape == (5, 37, 13)
+    assert obs.dtype == np.uint8 and obs.flags["C_CONTIGUOUS"]
+
+    # (The CNNs want at least 20x20 pixels: the MLP takes this small picture.)
+    request = resolve_train_config(["--env", "imageenvs:Hwc-v0", "--torso", "mlp", "--out", str(tmp_path / "run")])
+    capsys.readouterr()
+    validate_train(request.config, None)
+    assert capsys.readouterr().err.splitlines() == [
+        "impactrl train: note: imageenvs:Hwc-v0's observations (37, 13, 5) read as (height, width, channels) and "
+        "transposed to (5, 37, 13); --image-layout chw says otherwise"]
+    learner, spec = build_learner(request.config, None)
+    assert spec.obs_shape == (5, 37, 13)  # 5 channels, not 37
+
+    chw = resolve_train_config(["--env", "imageenvs:Hwc-v0", "--image-layout", "chw", "--torso", "mlp",
+                                "--out", str(tmp_path / "run")]).config
+    assert build_learner(chw, None)[1].obs_shape == (37, 13, 5)  # as asked, no note
+    line = one_line_error(capsys, "train", "--env", "imageenvs:Cube-v0", "--out", str(tmp_path / "run"))
+    assert ("imageenvs:Cube-v0's observations (3, 3, 3) may be channels first or last: pass --image-layout chw "
+            "(channels, height, width) or hwc (height, width, channels)") in line, line

@@ -26,7 +26,7 @@ from gymnasium.wrappers import (AtariPreprocessing, ClipAction, FrameStackObserv
                                 RecordEpisodeStatistics, TransformReward)
 
 from impactrl.errors import UserError
-from impactrl.envs.wrappers import ChannelsFirstUint8, EpisodicLife
+from impactrl.envs.wrappers import ChannelsFirst, ChannelsFirstUint8, EpisodicLife
 
 __all__ = [
     "EnvOptions",
@@ -55,6 +55,7 @@ class EnvOptions:
     max_episode_steps: int | None = None  # None = the env's registered limit
     normalize_reward_gamma: float | None = None  # training only: scale rewards by the std of the γ-discounted return
     render_mode: str | None = None  # "rgb_array": env.render() returns frames (impactrl eval --video)
+    image_layout: str = "auto"  # other families' 3-D observations: "chw", "hwc" (transposed) or "auto"
 
     def problems(self) -> list[str]:
         """Every out-of-range option, each as a short phrase; empty when all are valid."""
@@ -78,6 +79,8 @@ class EnvOptions:
             out.append(f"normalize_reward_gamma must be in (0, 1] or None, got {g!r}")
         if not isinstance(self.episodic_life, bool):
             out.append(f"episodic_life must be true or false, got {self.episodic_life!r}")
+        if self.image_layout not in ("auto", "chw", "hwc"):
+            out.append(f"image_layout must be auto, chw or hwc, got {self.image_layout!r}")
         return out
 
 
@@ -372,6 +375,8 @@ def make_env(
     else:
         env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
         env = RecordEpisodeStatistics(env)
+        if image_layout(env_id, env.observation_space, options.image_layout) == "hwc":
+            env = ChannelsFirst(env)
     if isinstance(env.action_space, gym.spaces.Box):
         env = ClipAction(env)
     if training and options.normalize_reward_gamma is not None:
@@ -381,6 +386,30 @@ def make_env(
     if seed is not None:
         env.action_space.seed(seed)
     return env
+
+
+def channels_last(shape: tuple[int, ...]) -> bool | None:
+    """True for an (H, W, C) image shape, False for (C, H, W), None when the shape says neither: a
+    channel count is <= 4 or at most half the other sizes."""
+    def channels(size: int, others: tuple[int, ...]) -> bool:
+        return size <= 4 or 2 * size <= min(others)
+
+    first, last = channels(shape[0], shape[1:]), channels(shape[-1], shape[:-1])
+    return None if first == last else last
+
+
+def image_layout(env_id: str, space: gym.Space, layout: str) -> str | None:
+    """The layout of a 3-D Box observation ("chw" or "hwc"; None for others): ``layout`` if set,
+    else read from the shape; UserError when the shape says neither."""
+    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 3):
+        return None
+    if layout != "auto":
+        return layout
+    last = channels_last(tuple(space.shape))
+    if last is None:
+        raise UserError(f"{env_id}'s observations {tuple(space.shape)} may be channels first or last: pass "
+                        "--image-layout chw (channels, height, width) or hwc (height, width, channels)")
+    return "hwc" if last else "chw"
 
 
 def _import_minatar_quietly() -> None:

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["HideVelocity", "ChannelsFirstUint8", "EpisodicLife", "make_cartpole_no_velocity"]
+__all__ = ["HideVelocity", "ChannelsFirst", "ChannelsFirstUint8", "EpisodicLife", "make_cartpole_no_velocity"]
 
 
 class HideVelocity(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
@@ -44,6 +44,21 @@ def make_cartpole_no_velocity(**kwargs: Any) -> gym.Env:
 
 # ``gym.make`` reads ``entry_point.metadata`` to validate ``render_mode``.
 make_cartpole_no_velocity.metadata = {"render_modes": ["human", "rgb_array"], "render_fps": 50}  # type: ignore[attr-defined]
+
+
+class ChannelsFirst(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
+    """``(H, W, C)`` Box observation → ``(C, H, W)``, dtype and bounds kept (``--image-layout hwc``)."""
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ObservationWrapper.__init__(self, env)
+        inner = env.observation_space
+        self.observation_space = spaces.Box(np.moveaxis(np.broadcast_to(inner.low, inner.shape), -1, 0),
+                                            np.moveaxis(np.broadcast_to(inner.high, inner.shape), -1, 0),
+                                            dtype=inner.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(observation, -1, 0))
 
 
 class ChannelsFirstUint8(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
