@@ -151,12 +151,12 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
         start = StartArgs(generation=0, reward_stats=None)
         sink.publish(learner.agent, 7)
         reply = ray.get(actor.take.remote(0, start, sink.latest()), timeout=120)
-        assert reply.record.policy_version == 7
+        assert [record.policy_version for _, record, _ in reply.unrolls] == [7]
         # Its loop now waits for a publication newer than 7, and no take is out: the board brings it.
         pending = actor.take.remote(0, start, sink.latest())
         sink.publish(learner.agent, 8)
         board.post.remote(sink.latest())
-        assert ray.get(pending, timeout=120).record.policy_version == 8
+        assert ray.get(pending, timeout=120).unrolls[-1][1].policy_version == 8
         os.kill(reply.where["pid"], signal.SIGKILL)
         sink.publish(learner.agent, 12)
         newest = sink.latest()
@@ -169,7 +169,7 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
             except ray.exceptions.RayActorError:
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
-        assert reply.where is not None and reply.record.policy_version == 12
+        assert reply.where is not None and reply.unrolls[0][1].policy_version == 12
     finally:
         ray.shutdown()
 

@@ -234,11 +234,12 @@ class BatchAssembler:
         E = self.spec.num_envs
         columns = slice(len(self._records) * E, (len(self._records) + 1) * E)
         for key, target in self._batch.items():
-            value = torch.as_tensor(arrays[key])
-            if key.startswith("core_state_"):
-                target[columns] = value
-            else:
-                target[:, columns] = value
+            view = target[columns] if key.startswith("core_state_") else target[:, columns]
+            value = arrays[key]
+            if isinstance(value, torch.Tensor):
+                view.copy_(value)
+            else:  # numpy, possibly read-only (a Ray reply in the object store)
+                view.numpy()[...] = value
         self._records.append((record, created_at))
         if len(self._records) == self.size:
             self.full.append((self._batch, self._records))

@@ -7,9 +7,9 @@ Data flow (the only channels there are)::
              taken, then the loop waits for the learner (backpressure)
     learner -> actor i: take(start, weights)   ``in_flight`` calls out per actor, fewer while
              the learner holds unrolls of that actor it has not trained on yet
-    actor i -> learner: the reply to a take: one queued unroll and its UnrollRecord (Ray keeps
-             a reply over 100 KiB in the object store, owned by the learner); the learner
-             copies it once, into the batch being filled
+    actor i -> learner: the reply to a take: every unroll queued by then (at least one), each with
+             its UnrollRecord (Ray keeps a reply over 100 KiB in the object store, owned by the
+             learner); the learner copies each once, into the batch being filled
     learner -> actors: the weights, once per publication (at most every ``publish_interval``
              updates; PPO's every one), ride on take calls: an actor loads the newest one it
              has at its next unroll boundary. PPO's actors, whose takes are all out while
@@ -88,9 +88,9 @@ class StartArgs(NamedTuple):
 
 class TakeReply(NamedTuple):
     where: dict | None  # the process's placement, with the first unroll it hands out
-    arrays: dict[str, np.ndarray]  # the unroll (Ray keeps a large reply in the object store)
-    record: UnrollRecord
-    created_at: float
+    # Every unroll queued when the call was served (at least one, at most in_flight): fewer,
+    # bigger replies. Each is (arrays, record, created_at); Ray keeps a large reply in the object store.
+    unrolls: list[tuple[dict[str, np.ndarray], UnrollRecord, float]]
 
 
 # Ray starts its workers at niceness +15 (for its own servers' sake): beside any other busy
@@ -279,8 +279,8 @@ class ObjectStoreOutbox:
 class WeightsBoard:
     """The newest WeightsMessage, posted once per publication by the learner and pulled by the
     actors that must not wait for their next take (PPO waits for each publication): the learner's
-    cost of a publication does not grow with the actors. An asyncio actor: every waiting pull is
-    a coroutine, not a thread."""
+    cost of a publication does not grow with the actors. An asyncio actor: a waiting pull is a
+    coroutine, not a thread."""
 
     def __init__(self) -> None:
         import asyncio
@@ -293,9 +293,17 @@ class WeightsBoard:
             self.latest = message
             self.posted.notify_all()
 
-    async def newer_than(self, publication: int) -> WeightsMessage:
+    async def newer_than(self, publication: int, timeout_s: float = 1.0) -> WeightsMessage | None:
+        """The newest message once it is newer than ``publication``, or after ``timeout_s`` what
+        there is (the puller asks again)."""
+        import asyncio
+
         async with self.posted:
-            await self.posted.wait_for(lambda: self.latest is not None and self.latest.publication > publication)
+            try:
+                await asyncio.wait_for(self.posted.wait_for(
+                    lambda: self.latest is not None and self.latest.publication > publication), timeout_s)
+            except asyncio.TimeoutError:
+                pass
             return self.latest
 
 
@@ -349,18 +357,26 @@ class RayActor:
             if self.failure is not None:
                 raise self.failure
             try:
-                arrays, record, created_at = outbox.ready.get(timeout=1.0)
+                unrolls = [outbox.ready.get(timeout=1.0)]
             except queue.Empty:
                 continue
-            outbox.space.release()
+            while True:
+                try:
+                    unrolls.append(outbox.ready.get_nowait())
+                except queue.Empty:
+                    break
+            for _ in unrolls:
+                outbox.space.release()
             with self._lock:  # an actor's first unroll from this process tells the learner where it runs
                 fresh = actor_id not in self._replied
                 self._replied.add(actor_id)
-            return TakeReply(where_am_i() if fresh else None, arrays, record, created_at)
+            return TakeReply(where_am_i() if fresh else None, unrolls)
 
     def _pull(self) -> None:
         while True:
-            self.weights.receive(ray.get(self.board.newer_than.remote(self.weights.publication())))
+            message = ray.get(self.board.newer_than.remote(self.weights.publication()))
+            if message is not None:
+                self.weights.receive(message)
 
     def silent_s(self, actor_id: int) -> float:
         """Seconds since the actor's last heartbeat (answered by another thread than the loop's)."""
@@ -468,7 +484,7 @@ class RayActors:
             max_concurrency=per_process * (self.in_flight + 1) + 1,
             scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
         # PPO's actors pull each publication from a board; the rest learn it from their next take.
-        self.board = (ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=10_000).remote()
+        self.board = (ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=config.num_actors + 2).remote()
                       if config.synchronous else None)
         self.posted = 0  # the publication last posted on the board
         self.actors = []
@@ -523,7 +539,8 @@ class RayActors:
                 actor.pending.add(call)
                 self.owner[call] = actor
         if self.board is not None and weights.publication > self.posted:
-            self.board.post.remote(weights)
+            # Waited for: a post whose reference was dropped at once was lost in about one run in four.
+            ray.get(self.board.post.remote(weights))
             self.posted = weights.publication
 
     def _receive(self, call) -> None:
@@ -545,8 +562,9 @@ class RayActors:
         if reply.where is not None:
             actor.killed = False
             self._started(actor, reply.where)
-        self.assembler.add(reply.arrays, reply.record, reply.created_at)
-        actor.held += 1
+        for unroll in reply.unrolls:
+            self.assembler.add(*unroll)
+        actor.held += len(reply.unrolls)
 
     def _find_hung(self) -> None:
         """Kill actors that sent nothing for ``actor_stall_timeout_s`` while asked, and whose loop
