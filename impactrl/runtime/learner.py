@@ -8,18 +8,20 @@ A runtime hands it two endpoints::
 and the loop is::
 
     publish(weights, version = updates)
-    until total_env_steps are consumed, max_wall_time_s has passed, or the mean return of the
-    last 100 episodes reaches stop_at_return:
-        if the algorithm wants data (or takes a batch that is ready now, IMPACT --buffer-fetch ready):
-            batch = source.next_batch()      # idle time here is logged as time/learner_wait_fraction
-            record policy lag (updates - behaviour version) and data age per unroll; with
+    until total_env_steps are consumed and trained on, max_wall_time_s has passed, or the mean
+    return of the last 100 episodes reaches stop_at_return:                    (StopConditions)
+        while the budget lasts, if the algorithm wants data (or takes a batch   (intake)
+        that is ready now, IMPACT --buffer-fetch ready):
+            batch = source.next_batch()      # its time: receive and assemble in time/learner_*
+            record policy lag (updates - behaviour version) and data age per unroll; with   (take)
                 max_policy_lag, drop the unrolls older than that
             hand the batch to the algorithm (its env steps now count as consumed)
-        one SGD step on algorithm.next_batch(), if it has one (skipped if its loss or
+        one SGD step on algorithm.next_batch(), if it has one (skipped if its loss or   (train)
             gradient is not finite; max_skipped_updates in a row stop the run)
-        publish(weights, version = updates) when the algorithm says so
-        every log interval: one metrics line, checked by the diagnostic rules; every checkpoint
-            interval: a checkpoint
+        publish(weights, version = updates) when the algorithm says so, at most every
+            publish_interval updates
+        every log interval: one metrics line, checked by the diagnostic rules   (Telemetry)
+        every checkpoint interval: a checkpoint                                  (Checkpointer)
 """
 
 from __future__ import annotations
