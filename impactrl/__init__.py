@@ -2,6 +2,13 @@
 
 __version__ = "0.1.0"
 
-from impactrl.api import TrainResult, train  # noqa: E402
-
 __all__ = ["TrainResult", "train", "__version__"]
+
+
+def __getattr__(name: str):
+    # On first use, so that `impactrl --help` answers without importing Gymnasium and torch.
+    if name in ("TrainResult", "train"):
+        from impactrl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'impactrl' has no attribute {name!r}")

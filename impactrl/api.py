@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-# Imported with impactrl: the ids registered by then are the ones every fresh process registers too
-# (a script's `if __name__ == "__main__":` block runs later), see check_where_actors_run.
+# Imported with the API: the ids registered by then are taken as ones every fresh process registers
+# too (see check_where_actors_run; an id a script registers with its own class is probed anyway).
 import impactrl.envs.factory  # noqa: F401
 
 
