@@ -18,9 +18,8 @@ import numpy as np
 
 from impactrl.data.rollout import ACTOR_STAGES
 from impactrl.errors import UserError
-from impactrl.runtime.learner import LEARNER_STAGES
 from impactrl.metrics import read_metrics
-
+from impactrl.runtime.learner import LEARNER_STAGES
 
 
 def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:

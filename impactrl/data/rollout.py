@@ -288,7 +288,7 @@ class FramePacker:
             shifted = (obs[:, :-1] == self.previous[:, 1:]).reshape(len(obs), -1).all(axis=1)
             envs = np.flatnonzero(shifted)
             if len(envs):
-                self._check_room(envs, 1)
+                self._check_room(envs)
                 frames[self.count[envs], envs] = obs[envs, -1]
                 index[t, envs, :-1] = index[t - 1, envs, 1:]
                 index[t, envs, -1] = self.count[envs]
@@ -306,14 +306,15 @@ class FramePacker:
                 continue
             match = next((at for old, at in known if np.array_equal(frame, old)), None)
             if match is None:
-                self._check_room([env], 1)
+                self._check_room([env])
                 match = self.count[env]
                 frames[match, env] = frame
                 self.count[env] += 1
             index[t, env, k] = match
 
-    def _check_room(self, envs, frames: int) -> None:
-        if (self.count[envs] + frames > self.capacity).any():
+    def _check_room(self, envs) -> None:
+        """Room for one more frame in each of ``envs``, or FrameRoomExceeded."""
+        if (self.count[envs] >= self.capacity).any():
             raise FrameRoomExceeded(
                 f"frame de-duplication: an env's unroll brought more than {self.capacity} distinct frames (episodes "
                 "shorter than a few steps?); run with --no-frame-dedup")

@@ -148,15 +148,18 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+def start_actor_process(stop, parent_pid: int) -> Callable[[], bool]:
+    """What every actor process does first: exit with the learner, leave Ctrl-C to it (it stops the
+    actors); returns the process's should_stop (the run's stop flag, or the learner gone)."""
+    exit_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return lambda: bool(stop.value) or os.getppid() != parent_pid
+
+
 def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: SharedWeights, store: SlotStore,
                   free_slots: list[int], returns: Connection, commits: Connection, heartbeats: torch.Tensor,
                   stop, reward_stats: np.ndarray | None, parent_pid: int) -> None:
-    exit_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the learner, which stops the actors
-
-    def should_stop() -> bool:
-        return bool(stop.value) or os.getppid() != parent_pid
-
+    should_stop = start_actor_process(stop, parent_pid)
     try:
         endpoint = ActorEndpoint(store, actor_id, free_slots, returns, commits, heartbeats, should_stop)
         run_actor(config, actor_id, weights, endpoint, should_stop, generation, reward_stats)
@@ -172,13 +175,8 @@ def synthetic_process(config: TrainConfig, synthetic: Synthetic, actor_ids: list
                       weights: SharedWeights, store: SlotStore, slots: list[list[int]], returns: list[Connection],
                       commits: list[Connection], heartbeats: torch.Tensor, stop, parent_pid: int) -> None:
     """One process of simulated actors (``impactrl bench --synthetic-actors``): see runtime/synthetic.py."""
-    exit_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    should_stop = start_actor_process(stop, parent_pid)
     torch.set_num_threads(1)
-
-    def should_stop() -> bool:
-        return bool(stop.value) or os.getppid() != parent_pid
-
     sinks = [ActorEndpoint(store, actor_id, own, back, out, heartbeats, should_stop)
              for actor_id, own, back, out in zip(actor_ids, slots, returns, commits)]
     recorded, reward_stats = record_unrolls(config, store.spec, actor_ids[0], generation, weights,

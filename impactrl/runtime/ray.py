@@ -33,6 +33,7 @@ Actors are owned by this process: Ray stops them when it exits, however it exits
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -283,8 +284,6 @@ class WeightsBoard:
     coroutine, not a thread."""
 
     def __init__(self) -> None:
-        import asyncio
-
         self.latest: WeightsMessage | None = None
         self.posted = asyncio.Condition()
 
@@ -296,8 +295,6 @@ class WeightsBoard:
     async def newer_than(self, publication: int, timeout_s: float = 1.0) -> WeightsMessage | None:
         """The newest message once it is newer than ``publication``, or after ``timeout_s`` what
         there is (the puller asks again)."""
-        import asyncio
-
         async with self.posted:
             try:
                 await asyncio.wait_for(self.posted.wait_for(
