@@ -199,14 +199,16 @@ class TrainConfig:
     """PPO: clip the value update around the old value estimate."""
 
     # --- optimiser ----------------------------------------------------------------------------
-    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """RMSProp (the IMPALA paper) or Adam (IMPACT, PPO)."""
+    optimizer: Literal["rmsprop", "rmsprop_tf", "adam"] = "rmsprop"
+    """RMSProp in PyTorch's form, RMSProp in TensorFlow 1's (the IMPALA paper's: ε under the root, mean
+    square from 1; docs/algorithms.md#rmsprop-tensorflows-form-and-pytorchs) or Adam (IMPACT, PPO)."""
     learning_rate: float = 6e-4
     """Learning rate."""
     rmsprop_alpha: float = 0.99
     """RMSProp smoothing constant (decay)."""
     rmsprop_eps: float = 0.01
-    """RMSProp epsilon, added to the root mean square (the IMPALA paper's TensorFlow 0.01 sits under the root: 0.1 here)."""
+    """RMSProp epsilon: added to the root mean square with rmsprop, under the root with rmsprop_tf (the
+    IMPALA paper's 0.01 there is about 0.1 in PyTorch's form)."""
     rmsprop_momentum: float = 0.0
     """RMSProp momentum."""
     adam_eps: float = 1e-5
@@ -403,7 +405,8 @@ READ_ONLY_BY = {
                                                            "max_policy_lag", "popart_beta")),
 }
 ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "frame_dedup")
-OPTIMIZER_SETTINGS = {"rmsprop": ("rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum"), "adam": ("adam_eps",)}
+RMSPROP_SETTINGS = ("rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum")
+OPTIMIZER_SETTINGS = {"rmsprop": RMSPROP_SETTINGS, "rmsprop_tf": RMSPROP_SETTINGS, "adam": ("adam_eps",)}
 
 
 def unread_settings(config: TrainConfig, given: set[str], family: str) -> list[str]:
@@ -414,9 +417,10 @@ def unread_settings(config: TrainConfig, given: set[str], family: str) -> list[s
                   for n in names if n in given and config.algo not in algos]
     if family != "atari":
         found += [f"--{n.replace('_', '-')} is read on Atari only" for n in ATARI_SETTINGS if n in given]
-    for optimizer, names in OPTIMIZER_SETTINGS.items():
-        if optimizer != config.optimizer:
-            found += [f"--{n.replace('_', '-')} is read by --optimizer {optimizer} only" for n in names if n in given]
+    unread = set(given) - set(OPTIMIZER_SETTINGS[config.optimizer])
+    for name in sorted(unread & {n for names in OPTIMIZER_SETTINGS.values() for n in names}):
+        readers = " or ".join(o for o, names in OPTIMIZER_SETTINGS.items() if name in names)
+        found.append(f"--{name.replace('_', '-')} is read by --optimizer {readers} only")
     return found
 
 

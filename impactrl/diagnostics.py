@@ -181,7 +181,7 @@ def torso_layer_dead(records: Records, config: TrainConfig) -> Finding | None:
     if len(worst) < 2 or min(worst) < 1.0:
         return None
     change = f"restart with a lower --learning-rate (now {config.learning_rate})"
-    if config.optimizer == "rmsprop":
+    if config.optimizer.startswith("rmsprop"):
         change += f" or a larger --rmsprop-eps (now {config.rmsprop_eps}), which damps RMSProp's steps on small gradients"
     return Finding("torso_layer_dead",
                    f"every unit of one of the torso's ReLU layers was zero on every observation of the learner's "

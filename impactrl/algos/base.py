@@ -24,12 +24,16 @@ import torch
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
 from impactrl.models import Agent
+from impactrl.ops.rmsprop import RMSpropTF
 
 
 def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
     # foreach: one fused kernel per step over all parameters (PyTorch only defaults to it on CUDA).
     if config.optimizer == "adam":
         return torch.optim.Adam(parameters, lr=config.learning_rate, eps=config.adam_eps, foreach=True)
+    if config.optimizer == "rmsprop_tf":
+        return RMSpropTF(parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps,
+                         momentum=config.rmsprop_momentum)
     return torch.optim.RMSprop(parameters, lr=config.learning_rate, alpha=config.rmsprop_alpha,
                                eps=config.rmsprop_eps, momentum=config.rmsprop_momentum, foreach=True)
 

@@ -113,6 +113,9 @@ class Learner:
         self.autocast = (functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
                          if config.learner_precision == "bfloat16" else contextlib.nullcontext)
         self.optimizer = make_optimizer(config, agent.parameters())
+        # Where dying ReLUs start: its step size against its size is the evidence for a too-large step.
+        self.first_layer = next(agent.torso.parameters())
+        self._first_layer_steps: list[torch.Tensor] = []  # on the device until a metrics line: no sync per step
         self.counters = LearnerCounters()
         self._unseen_obs: list[torch.Tensor] = []
         self.skipped_in_a_row = 0
@@ -166,6 +169,14 @@ class Learner:
             return {}
         return {"torso/dead_units_first_layer": fractions[0], "torso/dead_units_worst_layer": max(fractions)}
 
+    def first_layer_update_ratio(self) -> dict[str, float]:
+        """The mean ‖Δθ‖ / ‖θ‖ of the torso's first weight over the optimiser steps since the last call."""
+        if not self._first_layer_steps:
+            return {}
+        ratio = float(torch.stack(self._first_layer_steps).mean())
+        self._first_layer_steps.clear()
+        return {"optim/first_layer_update_ratio": ratio}
+
     def update(self) -> dict[str, float] | None:
         """One SGD step on the algorithm's next batch; None when it needs fresh data first."""
         with self.autocast():  # IMPACT's target network may score the batch it draws
@@ -183,7 +194,10 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)
         checked = to_floats({"loss": loss.detach(), "grad_norm": grad_norm})  # one sync for both
         if math.isfinite(checked["loss"]) and math.isfinite(checked["grad_norm"]):
+            first_layer_before = self.first_layer.detach().clone()
             self.optimizer.step()
+            self._first_layer_steps.append(
+                (self.first_layer.detach() - first_layer_before).norm() / first_layer_before.norm().clamp_min(1e-12))
             self.counters.updates += 1
             self.skipped_in_a_row = 0
             stats.update(self.algorithm.after_update(self.counters.updates))
@@ -312,6 +326,7 @@ class Telemetry:
         }
         if self.last_obs is not None:
             record.update(learner.dead_units(self.last_obs))
+        record.update(learner.first_layer_update_ratio())
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
         for label, steps in counters.env_steps_by_task.items():
