@@ -103,7 +103,7 @@ def test_impact_gradients_reach_only_the_online_network(scoring):
     learner, batches = collect(config, slots=1)
     algorithm = learner.algorithm
     algorithm.add_batch(batches[0])
-    loss, _ = algorithm.loss(algorithm.next_batch())
+    loss = algorithm.loss(algorithm.next_batch()).loss
     loss.backward()
     assert all(p.grad is None for p in algorithm.target.parameters())
     assert all(p.grad is not None for p in learner.agent.parameters())
@@ -122,7 +122,7 @@ def test_impact_loss_matches_a_hand_composition():
     with torch.no_grad():
         for p in learner.agent.parameters():  # make online and target differ
             p.add_(0.05 * torch.randn_like(p))
-        loss, _ = algorithm.loss(batch)
+        loss = algorithm.loss(batch).loss
         out = agent_outputs(learner.agent, batch)
         tgt = agent_outputs(algorithm.target, batch)
         logp = head.log_prob(out.policy[:-1], batch["action"])
@@ -219,3 +219,26 @@ def test_bfloat16_learner_keeps_float32_weights_and_losses_and_tracks_float32(al
         torch.testing.assert_close(reduced, full, atol=2e-3, rtol=0.0)
     for key in ("loss/policy", "loss/baseline", "loss/entropy"):
         assert abs(low_stats[key] - full_stats[key]) <= 0.02 * abs(full_stats[key]) + 1e-3, key
+
+
+def test_a_skipped_update_leaves_neither_its_kl_nor_its_value_targets_behind():
+    """An update whose loss is not finite is skipped (Learner._skip): its KL does not count
+    towards the target period's mean KL, and PopArt's statistics do not move to its targets."""
+    config = dataclasses.replace(IMPACT, popart=True, use_kl_loss=True, buffer_batches=1, buffer_uses=3)
+    learner, batches = collect(config, slots=2)
+    algorithm, head = learner.algorithm, learner.agent.value_head
+    with torch.no_grad():
+        for p in learner.agent.parameters():  # online and target differ: a KL above 0
+            p.add_(0.05 * torch.randn_like(p))
+    statistics = [tensor.clone() for tensor in head.buffers()]
+    learner.add({**batches[0], "reward": torch.full_like(batches[0]["reward"], float("nan"))})
+    for _ in range(config.buffer_uses):
+        assert learner.update() == {}
+    assert learner.counters.updates_skipped == 3 and learner.counters.updates == 0
+    assert algorithm.kl_sum == 0.0
+    assert all(torch.equal(before, after) for before, after in zip(statistics, head.buffers()))
+    learner.add(batches[1])
+    stats = learner.update()
+    assert stats["impact/kl_target_online"] > 0.0
+    assert algorithm.kl_sum == stats["impact/kl_target_online"]  # this update's KL only
+    assert any(not torch.equal(before, after) for before, after in zip(statistics, head.buffers()))

@@ -7,8 +7,8 @@ The learner loop (``impactrl.runtime.learner``) is the same for every algorithm:
     elif algorithm.takes_ready_data():         # IMPACT --buffer-fetch ready
         algorithm.add_batch(source.next_batch()) if one is ready now
     train_batch = algorithm.next_batch()       # None: wait for more data
-    loss, stats = algorithm.loss(train_batch)  # one SGD step per batch drawn
-    optimiser step; algorithm.after_update(updates)
+    loss, stats, extras = algorithm.loss(train_batch)  # one SGD step per batch drawn
+    optimiser step; algorithm.after_update(updates, extras)  # not after a skipped step
     if algorithm.publish_now(): publish weights with version = updates
 
 IMPALA trains on each batch once, IMPACT draws from a circular buffer (each batch K times),
@@ -18,6 +18,8 @@ PPO cuts each batch into minibatches for several epochs and publishes only after
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -51,17 +53,31 @@ def to_floats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class LossExtras:
+    """What a loss hands to ``after_update`` besides the loss: only an update that is taken
+    uses them, so a skipped one (non-finite loss or gradient) leaves no trace."""
+
+    value_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # PopArt: V-trace targets and their tasks
+    kl: float | None = None  # IMPACT with a target network: KL(π_tgt ‖ π_θ) on the batch
+
+
+class LossResult(NamedTuple):
+    loss: torch.Tensor  # the scalar to minimise
+    stats: dict[str, float]  # to log
+    extras: LossExtras  # for after_update
+
+
 class Algorithm(ABC):
     def __init__(self, config: TrainConfig, agent: Agent):
         self.config = config
         self.agent = agent
         self._pending: Batch | None = None
-        # PopArt: the last loss's value targets and their tasks, for the statistics' update.
-        self.value_targets: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @abstractmethod
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The scalar loss to minimise on one batch, and statistics to log."""
+    def loss(self, batch: Batch) -> LossResult:
+        """The scalar loss to minimise on one batch, statistics to log and what ``after_update``
+        needs; no side effects, since the learner may skip the update."""
 
     def wants_data(self) -> bool:
         """Whether the learner should wait for a fresh batch before the next SGD step."""
@@ -84,14 +100,14 @@ class Algorithm(ABC):
         batch, self._pending = self._pending, None
         return batch
 
-    def after_update(self, updates: int) -> dict[str, float]:
-        """Called after every optimiser step with the learner's update count; returns stats.
-        With PopArt, moves the value statistics to the targets the step trained on."""
-        if self.value_targets is None:
+    def after_update(self, updates: int, extras: LossExtras) -> dict[str, float]:
+        """Called after every optimiser step taken, with the learner's update count and the extras
+        of the loss it stepped on; returns stats. With PopArt, moves the value statistics to the
+        targets the step trained on."""
+        if extras.value_targets is None:
             return {}
         head = self.agent.value_head
-        head.update(*self.value_targets)
-        self.value_targets = None
+        head.update(*extras.value_targets)
         sigma = head.sigma()
         return {"popart/mu_mean": float(head.mu.mean()), "popart/sigma_mean": float(sigma.mean())}
 

@@ -17,7 +17,7 @@ import copy
 
 import torch
 
-from impactrl.algos.base import Algorithm, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
 from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
 from impactrl.config import TrainConfig
 from impactrl.data.circular_buffer import CircularBuffer
@@ -106,8 +106,10 @@ class Impact(Algorithm):
             target.copy_(online)
         self.target_refreshes += 1
 
-    def after_update(self, updates: int) -> dict[str, float]:
-        stats = super().after_update(updates)
+    def after_update(self, updates: int, extras: LossExtras) -> dict[str, float]:
+        stats = super().after_update(updates, extras)
+        if extras.kl is not None:
+            self.kl_sum += extras.kl
         if self.target is not None and updates - self.updates_at_refresh >= self.config.target_update_period:
             if self.config.use_kl_loss:
                 # Once per target period, on the period's mean KL: adapting after every SGD step
@@ -129,7 +131,7 @@ class Impact(Algorithm):
         }
 
     # --- the loss -----------------------------------------------------------------------------
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> LossResult:
         c = self.config
         head = self.agent.policy_head
         output = agent_outputs(self.agent, batch)
@@ -144,8 +146,6 @@ class Impact(Algorithm):
 
         vtrace = vtrace_targets(c, batch, target_log_prob - behaviour_log_prob, values, bootstrap_value)
         loss_values, targets, advantages = loss_terms(self.agent, batch, output, vtrace)
-        if c.popart:
-            self.value_targets = (vtrace.vs, batch["task"][:-1])
         if c.normalize_advantages:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         surrogate, surrogate_stats = impact_surrogate(
@@ -171,9 +171,9 @@ class Impact(Algorithm):
             "value/explained_variance": explained_variance(values, vtrace.vs),
         })
         floats = to_floats(stats)  # the KL with the rest: no sync of its own on an accelerator
-        if target_policy is not None:
-            self.kl_sum += floats["impact/kl_target_online"]
-        return loss, floats
+        return LossResult(loss, floats, LossExtras(
+            value_targets=(vtrace.vs, batch["task"][:-1]) if c.popart else None,
+            kl=floats["impact/kl_target_online"] if target_policy is not None else None))
 
     def state_dict(self) -> dict:
         return {

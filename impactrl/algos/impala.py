@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from impactrl.algos.base import Algorithm, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
 from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
 from impactrl.data.rollout import Batch
 from impactrl.ops.returns import explained_variance
@@ -22,7 +20,7 @@ EXTREME_LOG_RHO = math.log(10.0)
 
 
 class Impala(Algorithm):
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: Batch) -> LossResult:
         c = self.config
         head = self.agent.policy_head
         output = agent_outputs(self.agent, batch)
@@ -32,8 +30,6 @@ class Impala(Algorithm):
         log_rhos = log_prob.detach() - batch["behaviour_log_prob"]
         vtrace = vtrace_targets(c, batch, log_rhos, values, bootstrap_value)
         loss_values, targets, advantages = loss_terms(self.agent, batch, output, vtrace)
-        if c.popart:
-            self.value_targets = (vtrace.vs, batch["task"][:-1])
 
         pg_loss = -(log_prob * advantages).sum()
         baseline_loss = 0.5 * (targets - loss_values).pow(2).sum()
@@ -52,4 +48,5 @@ class Impala(Algorithm):
             "value/target_mean": vtrace.vs.mean(),
             "value/explained_variance": explained_variance(values, vtrace.vs),
         }
-        return loss, to_floats(stats)
+        return LossResult(loss, to_floats(stats),
+                          LossExtras(value_targets=(vtrace.vs, batch["task"][:-1]) if c.popart else None))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from impactrl.algos.base import Algorithm, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
 from impactrl.algos.common import agent_outputs, rewards_and_discounts
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
@@ -69,7 +69,7 @@ class PPO(Algorithm):
         self.steps = {key: value.to(device) for key, value in state["steps"].items()}
         self.chunks = [chunk.to(device) for chunk in state["chunks"]]
 
-    def loss(self, minibatch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, minibatch: Batch) -> LossResult:
         c = self.config
         head = self.agent.policy_head
         obs = minibatch["obs"][None]
@@ -99,4 +99,4 @@ class PPO(Algorithm):
             "value/mean": values.mean(),
             "value/target_mean": minibatch["returns"].mean(),
         }
-        return loss, to_floats(stats)
+        return LossResult(loss, to_floats(stats), LossExtras())

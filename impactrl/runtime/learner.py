@@ -186,7 +186,7 @@ class Learner:
             if not self.learn:
                 self.counters.updates += 1
                 return {}
-            loss, stats = self.algorithm.loss(train_batch)
+            loss, stats, extras = self.algorithm.loss(train_batch)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
@@ -200,7 +200,7 @@ class Learner:
                 (self.first_layer.detach() - first_layer_before).norm() / first_layer_before.norm().clamp_min(1e-12))
             self.counters.updates += 1
             self.skipped_in_a_row = 0
-            stats.update(self.algorithm.after_update(self.counters.updates))
+            stats.update(self.algorithm.after_update(self.counters.updates, extras))
             stats["optim/grad_norm"] = checked["grad_norm"]
             stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         else:
