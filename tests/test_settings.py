@@ -1,6 +1,7 @@
 """Settings that cannot mislead: family presets for every algorithm, derived sizes, typed config
 files, warnings for settings a run does not read, budgets that cannot work."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,6 +9,8 @@ import pytest
 
 from conftest import run_cli
 from impactrl.cli import resolve_train_config
+from impactrl.config import TrainConfig, bound_problems
+from impactrl.config.bounds import bound_of
 from impactrl.training import build_learner
 
 
@@ -84,3 +87,14 @@ def test_learning_rate_anneals_over_a_wall_time_budget_when_it_ends_first():
     assert learner.learning_rate() == pytest.approx(0.001 * 0.4)
     learner.wall_time_progress = 0.0
     assert learner.learning_rate() == pytest.approx(0.001 * 0.9)
+
+
+def test_each_bound_is_declared_beside_its_field_and_checked_in_one_loop():
+    assert bound_problems(TrainConfig()) == []
+    found = bound_problems(TrainConfig(discount=2.0, max_policy_lag=-1, hidden_sizes=(), rmsprop_alpha=1.0,
+                                       target_worker_clip=0.0, ray_actor_cpus=float("nan")))
+    assert found == ["ray_actor_cpus must be >= 0, got nan", "max_policy_lag must be >= 0 or None, got -1",
+                     "hidden_sizes must be positive integers, got []", "discount must be in [0, 1], got 2.0",
+                     "target_worker_clip must be > 0 or None, got 0.0", "rmsprop_alpha must be in (0, 1), got 1.0"]
+    bounded = {field.name for field in dataclasses.fields(TrainConfig) if bound_of(field) is not None}
+    assert {"total_env_steps", "learning_rate", "num_actors", "clip_param", "keep_checkpoints"} <= bounded

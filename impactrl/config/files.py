@@ -1,0 +1,134 @@
+"""Settings as files: the presets, ``--config`` files and ``RUN_DIR/config.yaml``, read with the
+types the fields declare (a YAML value is checked as a flag's would be) and written back."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from impactrl.config.settings import TrainConfig
+from impactrl.errors import UserError
+
+PRESET_DIR = Path(__file__).parent.parent / "configs"
+
+
+def preset_files(algo: str, family: str, env: str = "") -> list[Path]:
+    """The preset YAML files for an algorithm on an env family, in the order they apply.
+
+    ``env-{family}.yaml``: what the family needs whatever the algorithm (preprocessing, reward
+    clipping, network, normalisation); ``{algo}.yaml``: the algorithm's own defaults;
+    ``{algo}-{family}.yaml``: the algorithm's tuning for the family; ``suite-{env}.yaml`` when
+    ``env`` names a task suite (its envs and step budget). Any may be missing.
+    """
+    names = (f"env-{family}.yaml", f"{algo}.yaml", f"{algo}-{family}.yaml", f"suite-{env}.yaml")
+    return [PRESET_DIR / name for name in names if (PRESET_DIR / name).exists()]
+
+
+def preset_values(algo: str, family: str, env: str = "") -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for path in preset_files(algo, family, env):
+        values.update(load_yaml(path))
+    return values
+
+
+def field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+# What a YAML list may hold for a tuple[int, ...], tuple[float, ...] or tuple[str, ...] setting.
+TUPLE_ITEM_TYPES = {int: int, float: (int, float), str: str}
+TUPLE_ITEM_NAMES = {int: "integers", float: "numbers", str: "strings"}
+
+
+def type_problem(name: str, value: Any, annotation: Any) -> str | None:
+    """Why ``value`` (from YAML) cannot be the setting ``name`` of type ``annotation``, or None."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    for option in options:
+        origin = typing.get_origin(option)
+        if option is type(None) and value is None:
+            return None
+        if origin is Literal and value in typing.get_args(option):
+            return None
+        if origin is tuple and isinstance(value, (list, tuple)) and all(
+                isinstance(v, TUPLE_ITEM_TYPES[typing.get_args(option)[0]]) and not isinstance(v, bool) for v in value):
+            return None
+        if option is bool and isinstance(value, bool):
+            return None
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if option is str and isinstance(value, str) or option is Path and isinstance(value, (str, Path)):
+            return None
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path",
+             type(None): "null"}
+    wanted = " or ".join(
+        "one of " + ", ".join(map(str, typing.get_args(o))) if typing.get_origin(o) is Literal
+        else f"a list of {TUPLE_ITEM_NAMES[typing.get_args(o)[0]]}" if typing.get_origin(o) is tuple
+        else names[o] for o in options)
+    return f"{name} must be {wanted}, got {value!r}"
+
+
+def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check names and types of settings from a YAML file like flags; turn lists into tuples."""
+    unknown = sorted(set(values) - field_names())
+    if unknown:
+        raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}")
+    hints = typing.get_type_hints(TrainConfig)
+    wrong = [problem for name, value in values.items() if (problem := type_problem(name, value, hints[name]))]
+    if wrong:
+        raise UserError(f"{source}: {'; '.join(wrong)}")
+    out = dict(values)
+    for name in ("hidden_sizes", "ray_actor_resources", "task_weights"):
+        if isinstance(out.get(name), list):
+            out[name] = tuple(out[name])
+    if out.get("out") is not None:
+        out["out"] = Path(out["out"])
+    return out
+
+
+class NumbersLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading numbers as users write them: YAML 1.1, which PyYAML follows,
+    makes ``1e-3`` and ``1E5`` strings (its floats need a dot and a signed exponent), where YAML 1.2
+    reads floats."""
+
+
+NumbersLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A ``--config`` file or preset: its settings, type-checked; UserError (one line) when it cannot be read."""
+    try:
+        data = yaml.load(Path(path).read_text(), Loader=NumbersLoader)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise UserError(f"cannot read config file {path}: {str(error).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of setting: value")
+    return coerce(data, str(path))
+
+
+def to_yaml(config: TrainConfig) -> str:
+    values = dataclasses.asdict(config)
+    values["hidden_sizes"] = list(config.hidden_sizes)
+    values["ray_actor_resources"] = list(config.ray_actor_resources)
+    values["task_weights"] = list(config.task_weights)
+    values["out"] = str(config.out) if config.out is not None else None
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def with_values(config: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    return dataclasses.replace(config, **values)
+
+
