@@ -23,7 +23,8 @@ from typing import NamedTuple, Sequence
 import tyro
 import yaml
 
-from impactrl.config import TrainConfig, coerce, load_yaml, preset_values, problems, to_yaml, unread_settings
+from impactrl.config import (TrainConfig, coerce, integer_settings, load_yaml, preset_values, problems, to_yaml,
+                             unread_settings)
 from impactrl.errors import ActorFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.runlock import check_unlocked, hold
 
@@ -58,13 +59,36 @@ def parse_train_flags(base: TrainConfig, args: list[str]) -> TrainConfig:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            config = tyro.cli(TrainConfig, default=base, args=args, prog="impactrl train")
+            config = tyro.cli(TrainConfig, default=base, args=whole_numbers(args), prog="impactrl train")
     except SystemExit as exit_:
         if exit_.code in (0, None):  # --help
             raise
         raise UserError(f"{box_message(captured.getvalue())} (see impactrl train --help)") from None
     sys.stderr.write(captured.getvalue())  # tyro's warnings, if any
     return config
+
+
+def whole_numbers(args: list[str]) -> list[str]:
+    """The flags with each integer setting's integer-valued number (``--total-env-steps 1e6``) written as
+    an integer; a fraction (``1.5``) is refused. Words that are no number are left to the parser."""
+    integers = integer_settings()
+    out = list(args)
+    for i, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        at = i if equals else i + 1
+        if not arg.startswith("--") or flag[2:].replace("-", "_") not in integers or at == len(args):
+            continue
+        value = value if equals else args[at]
+        if re.fullmatch(r"[-+]?[0-9_]+", value.strip()):
+            continue  # an integer already
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if not number.is_integer():
+            raise UserError(f"{flag} must be an integer, got {value} (see impactrl train --help)")
+        out[at] = f"{flag}={int(number)}" if equals else str(int(number))
+    return out
 
 
 def box_message(text: str) -> str:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from impactrl.cli import resolve_train_config
+from impactrl.cli import main, resolve_train_config
 from impactrl.config import TrainConfig, bound_problems
 from impactrl.config.bounds import bound_of
+from impactrl.errors import UserError
 from impactrl.training import build_learner
 
 
@@ -87,6 +88,26 @@ def test_learning_rate_anneals_over_a_wall_time_budget_when_it_ends_first():
     assert learner.learning_rate() == pytest.approx(0.001 * 0.4)
     learner.wall_time_progress = 0.0
     assert learner.learning_rate() == pytest.approx(0.001 * 0.9)
+
+
+def test_an_integer_valued_number_is_taken_for_an_integer_setting_and_a_fraction_refused(tmp_path: Path, capsys):
+    config_file = tmp_path / "budget.yaml"
+    config_file.write_text("total_env_steps: 1e6\nhidden_sizes: [32.0, 16]\n")
+    config = resolve_train_config(["--config", str(config_file)]).config
+    assert config.total_env_steps == 1_000_000 and type(config.total_env_steps) is int
+    assert config.hidden_sizes == (32, 16) and all(type(size) is int for size in config.hidden_sizes)
+    for flag in (["--total-env-steps", "1e6"], ["--total-env-steps=1E6"]):
+        config = resolve_train_config(flag).config
+        assert config.total_env_steps == 1_000_000 and type(config.total_env_steps) is int
+
+    config_file.write_text("total_env_steps: 1.5\n")
+    with pytest.raises(UserError, match=r"budget.yaml: total_env_steps must be an integer, got 1.5$"):
+        resolve_train_config(["--config", str(config_file)])
+    with pytest.raises(SystemExit):
+        main(["train", "--total-env-steps", "1.5", "--out", str(tmp_path / "run")])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["impactrl train: error: --total-env-steps must be an integer, got 1.5 (see impactrl train --help)"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_each_bound_is_declared_beside_its_field_and_checked_in_one_loop():

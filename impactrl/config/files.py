@@ -41,9 +41,30 @@ def field_names() -> set[str]:
     return {f.name for f in dataclasses.fields(TrainConfig)}
 
 
+def integer_settings() -> set[str]:
+    """The settings of type int (or int | None)."""
+    return {name for name, hint in typing.get_type_hints(TrainConfig).items()
+            if hint is int or int in typing.get_args(hint) and typing.get_origin(hint) is not tuple}
+
+
 # What a YAML list may hold for a tuple[int, ...], tuple[float, ...] or tuple[str, ...] setting.
-TUPLE_ITEM_TYPES = {int: int, float: (int, float), str: str}
 TUPLE_ITEM_NAMES = {int: "integers", float: "numbers", str: "strings"}
+
+
+def is_whole(value: Any) -> bool:
+    """An integer, or a float with an integer value: YAML's ``1e6`` and ``--total-env-steps 1e6``."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and value.is_integer()
+
+
+def fits(value: Any, kind: type) -> bool:
+    """Whether a YAML scalar can be a setting (or a list item) of type ``kind``: int, float or str."""
+    if kind is int:
+        return is_whole(value)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 def type_problem(name: str, value: Any, annotation: Any) -> str | None:
@@ -55,16 +76,11 @@ def type_problem(name: str, value: Any, annotation: Any) -> str | None:
             return None
         if origin is Literal and value in typing.get_args(option):
             return None
-        if origin is tuple and isinstance(value, (list, tuple)) and all(
-                isinstance(v, TUPLE_ITEM_TYPES[typing.get_args(option)[0]]) and not isinstance(v, bool) for v in value):
+        if origin is tuple and isinstance(value, (list, tuple)) and all(fits(v, typing.get_args(option)[0]) for v in value):
             return None
-        if option is bool and isinstance(value, bool):
+        if option is bool and isinstance(value, bool) or option in (int, float, str) and fits(value, option):
             return None
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return None
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return None
-        if option is str and isinstance(value, str) or option is Path and isinstance(value, (str, Path)):
+        if option is Path and isinstance(value, (str, Path)):
             return None
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a path",
              type(None): "null"}
@@ -76,7 +92,8 @@ def type_problem(name: str, value: Any, annotation: Any) -> str | None:
 
 
 def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """Check names and types of settings from a YAML file like flags; turn lists into tuples."""
+    """Check names and types of settings from a YAML file like flags; turn lists into tuples and
+    integer-valued floats of integer settings into ints."""
     unknown = sorted(set(values) - field_names())
     if unknown:
         raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}")
@@ -88,6 +105,11 @@ def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
     for name in ("hidden_sizes", "ray_actor_resources", "task_weights"):
         if isinstance(out.get(name), list):
             out[name] = tuple(out[name])
+    for name, value in out.items():
+        if int in typing.get_args(hints[name]) + (hints[name],) and isinstance(value, float):
+            out[name] = int(value)
+    if isinstance(out.get("hidden_sizes"), tuple):
+        out["hidden_sizes"] = tuple(int(size) for size in out["hidden_sizes"])
     if out.get("out") is not None:
         out["out"] = Path(out["out"])
     return out
