@@ -23,8 +23,9 @@ from typing import NamedTuple, Sequence
 import tyro
 import yaml
 
-from impactrl.config import (TrainConfig, coerce, integer_settings, load_yaml, preset_values, problems, to_yaml,
-                             unread_settings)
+from impactrl.config import (TrainConfig, coerce, integer_settings, load_yaml, preset_values, problems, renamed_flags,
+                             to_yaml, unread_settings)
+from impactrl.config.renamed import old_flags_help
 from impactrl.errors import ActorFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.runlock import check_unlocked, hold
 
@@ -123,13 +124,14 @@ def resolve_train_config(argv: Sequence[str], settings: dict | None = None, sour
     pre.add_argument("--env")
     pre.add_argument("--algo")
     known, rest = pre.parse_known_args(list(argv))
+    rest = renamed_flags(rest)
     help_only = "-h" in rest or "--help" in rest
     if known.checkpoint is not None and known.resume is None:
         raise UserError("--checkpoint picks the checkpoint of a --resume; add --resume RUN_DIR")
     if known.algo is not None:
         rest += ["--algo", known.algo]
     file_values = load_yaml(known.config) if known.config is not None else {}
-    file_values.update(coerce(settings or {}, source))
+    file_values.update(coerce(settings or {}, source, warn_renamed=True))
     if known.resume is not None:
         saved = known.resume / "config.yaml"
         if not saved.exists():
@@ -153,6 +155,7 @@ def resolve_train_config(argv: Sequence[str], settings: dict | None = None, sour
               "  --resume RUN_DIR      continue the run in RUN_DIR from its newest readable checkpoint\n"
               "  --checkpoint NAME     with --resume: continue from this one instead (e.g. ckpt_0000001200)\n"
               "  --quiet               nothing on the terminal (RUN_DIR/train.log still gets every line)\n"
+              f"{old_flags_help()}"
               "Defaults below are before presets: the env family's and the algorithm's (impactrl/configs/)\n"
               "apply on top of them.\n")
     config = parse_train_flags(base, rest)

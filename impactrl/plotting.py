@@ -54,14 +54,14 @@ SEED_INDEPENDENT = ("seed", "out", "ray_address")  # settings that do not make r
 def seed_groups(run_dirs: Sequence[Path]) -> list[list[Path]]:
     """The runs grouped by their settings besides ``SEED_INDEPENDENT``, in first-seen order. A setting
     missing from a config.yaml (one added to impactrl after the run began) counts as its default."""
-    from impactrl.config import TrainConfig, to_yaml
+    from impactrl.config import TrainConfig, renamed_settings, to_yaml
 
     defaults = yaml.safe_load(to_yaml(TrainConfig()))
     groups: dict[str, list[Path]] = {}
     for run_dir in map(Path, run_dirs):
         config = run_dir / "config.yaml"
         if config.exists():
-            saved = {**defaults, **yaml.safe_load(config.read_text())}
+            saved = {**defaults, **renamed_settings(yaml.safe_load(config.read_text()), str(config))}
             settings = {k: v for k, v in saved.items() if k not in SEED_INDEPENDENT}
             key = yaml.safe_dump(settings, sort_keys=True)
         else:

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_cli
 from impactrl.cli import main, resolve_train_config
-from impactrl.config import TrainConfig, bound_problems
+from impactrl.config import RENAMED, TrainConfig, bound_problems, coerce
 from impactrl.config.bounds import bound_of
 from impactrl.errors import UserError
 from impactrl.training import build_learner
@@ -119,3 +119,20 @@ def test_each_bound_is_declared_beside_its_field_and_checked_in_one_loop():
                      "target_worker_clip must be > 0 or None, got 0.0", "rmsprop_alpha must be in (0, 1), got 1.0"]
     bounded = {field.name for field in dataclasses.fields(TrainConfig) if bound_of(field) is not None}
     assert {"total_env_steps", "learning_rate", "num_actors", "clip_param", "keep_checkpoints"} <= bounded
+
+
+def test_an_old_setting_name_still_works_with_one_warning(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setitem(RENAMED, "lr", "learning_rate")
+    config = resolve_train_config(["--lr", "0.125", "--lr=0.25"]).config
+    assert config.learning_rate == 0.25
+    assert capsys.readouterr().err.splitlines() == [
+        "impactrl train: warning: --lr is now --learning-rate (the old name will be removed)"]
+    config_file = tmp_path / "old.yaml"
+    config_file.write_text("lr: 0.5\n")
+    assert resolve_train_config(["--config", str(config_file)]).config.learning_rate == 0.5
+    assert capsys.readouterr().err.splitlines() == [
+        f"impactrl train: warning: {config_file}: lr is now learning_rate (the old name will be removed)"]
+    config_file.write_text("lr: 0.5\nlearning_rate: 0.25\n")
+    with pytest.raises(UserError, match="lr and learning_rate are one setting"):
+        resolve_train_config(["--config", str(config_file)])
+    assert coerce({"lr": 0.5}, "a saved run") == {"learning_rate": 0.5} and capsys.readouterr().err == ""

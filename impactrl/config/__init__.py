@@ -7,13 +7,15 @@ command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts 
 - ``settings``: the fields by concern (run, runtime, actors, env, model, loss, IMPACT, PPO,
   optimiser, logging, faults), each with its bound, combined into ``TrainConfig``;
 - ``checks``: the bounds in one loop, the checks across fields, and the settings a run does not read;
-- ``files``: presets and YAML, typed like the flags.
+- ``files``: presets and YAML, typed like the flags;
+- ``renamed``: the old names of renamed settings, still taken with a warning.
 """
 
 from impactrl.config.checks import (ATARI_SETTINGS, OPTIMIZER_SETTINGS, READ_ONLY_BY, RMSPROP_SETTINGS, bound_problems,
                                     problems, ray_actor_resources, ray_problems, unread_settings)
 from impactrl.config.files import (PRESET_DIR, NumbersLoader, coerce, field_names, integer_settings, load_yaml,
                                    preset_files, preset_values, to_yaml, type_problem, with_values)
+from impactrl.config.renamed import RENAMED, renamed_flags, renamed_settings
 from impactrl.config.settings import (ActorSettings, EnvBackend, EnvSettings, FaultSettings, ImpactSettings, LoggingSettings,
                                       LossSettings, ModelSettings, OptimizerSettings, PPOSettings, RunSettings,
                                       RuntimeSettings, TrainConfig)
@@ -22,4 +24,5 @@ __all__ = ["TrainConfig", "EnvBackend", "RunSettings", "RuntimeSettings", "Actor
            "LossSettings", "ImpactSettings", "PPOSettings", "OptimizerSettings", "LoggingSettings", "FaultSettings",
            "problems", "bound_problems", "ray_problems", "ray_actor_resources", "unread_settings", "READ_ONLY_BY",
            "ATARI_SETTINGS", "RMSPROP_SETTINGS", "OPTIMIZER_SETTINGS", "PRESET_DIR", "preset_files", "preset_values",
-           "field_names", "integer_settings", "type_problem", "coerce", "NumbersLoader", "load_yaml", "to_yaml", "with_values"]
+           "field_names", "integer_settings", "type_problem", "coerce", "NumbersLoader", "load_yaml", "to_yaml", "with_values",
+           "RENAMED", "renamed_flags", "renamed_settings"]

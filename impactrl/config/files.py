@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import yaml
 
+from impactrl.config.renamed import renamed_settings
 from impactrl.config.settings import TrainConfig
 from impactrl.errors import UserError
 
@@ -91,9 +92,11 @@ def type_problem(name: str, value: Any, annotation: Any) -> str | None:
     return f"{name} must be {wanted}, got {value!r}"
 
 
-def coerce(values: dict[str, Any], source: str) -> dict[str, Any]:
-    """Check names and types of settings from a YAML file like flags; turn lists into tuples and
+def coerce(values: dict[str, Any], source: str, warn_renamed: bool = False) -> dict[str, Any]:
+    """Check names and types of settings from a YAML file like flags; take renamed settings under
+    their new names (``warn_renamed``: with a warning each); turn lists into tuples and
     integer-valued floats of integer settings into ints."""
+    values = renamed_settings(values, source, warn_renamed)
     unknown = sorted(set(values) - field_names())
     if unknown:
         raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}")
@@ -138,7 +141,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of setting: value")
-    return coerce(data, str(path))
+    return coerce(data, str(path), warn_renamed=True)
 
 
 def to_yaml(config: TrainConfig) -> str:
