@@ -10,13 +10,14 @@ import numpy as np
 import torch
 import yaml
 
+from impactrl.acting import Acting
 from impactrl.build import env_options, make_agent, run_tasks
 from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs import make_env
 from impactrl.envs.tasks import pad_observation, tasks_family
 from impactrl.errors import UserError
-from impactrl.models import DEAD_UNIT_SAMPLE, AgentInput
+from impactrl.models import DEAD_UNIT_SAMPLE
 from impactrl.ops.returns import discounted_returns, explained_variance
 
 VIDEO_FPS = 30
@@ -206,79 +207,80 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
     observations padded to ``shape``: the returns, the videos written (the first env's episodes,
     with ``video_dir``) and the value error (see ``evaluate_checkpoint``)."""
     torch.manual_seed(seed)  # the sampled actions: the same episodes whatever was evaluated before
-    num_envs = len(envs)
-    head = agent.policy_head
     obs = np.stack([pad_observation(env.reset(seed=seed + i)[0], shape) for i, env in enumerate(envs)])
     videos = None
     if video_dir is not None:
         Path(video_dir).mkdir(parents=True, exist_ok=True)
         videos = EpisodeVideos(video_dir, envs[0])
-    first = torch.ones(num_envs, dtype=torch.bool)
-    prev_action = torch.zeros((num_envs, *head.action_shape), dtype=head.action_dtype)
-    prev_reward = torch.zeros(num_envs)
-    task_index = torch.full((1, num_envs), task, dtype=torch.int64)
-    core_state = agent.initial_state(num_envs)
-    returns: list[float] = []
-    monte_carlo = MonteCarloValues(num_envs, config.discount, config.reward_clip == "abs_one",
+    acting = Acting(agent, np.full(len(envs), task, dtype=np.int64))
+    games = Games(envs, shape, episodes, videos)
+    monte_carlo = MonteCarloValues(len(envs), config.discount, config.reward_clip == "abs_one",
                                    config.episodic_life and tasks_family(config.env) == "atari")
-    # An env only starts a new episode while more are needed, so fast envs don't bias the mean.
-    started = num_envs
-    active = np.ones(num_envs, dtype=bool)
     sampled: list[np.ndarray] = []  # observations for the dead-unit count
     step = 0
     with torch.inference_mode():
-        while len(returns) < episodes:
+        while len(games.returns) < episodes:
             if step % DEAD_UNIT_EVERY == 0 and sum(map(len, sampled)) < DEAD_UNIT_SAMPLE:
-                sampled.append(obs[active].copy())
+                sampled.append(obs[games.active].copy())
             step += 1
-            inputs = AgentInput(torch.from_numpy(obs)[None], prev_action[None], prev_reward[None], first[None], task_index)
-            output, core_state = agent(inputs, core_state)
-            policy = output.policy[0]
-            action = head.mode(policy) if greedy else head.sample(policy)
-            values = output.value[0].tolist()
-            first = torch.zeros(num_envs, dtype=torch.bool)
-            truncated_obs = {}
-            for i, env in enumerate(envs):
-                if not active[i]:
-                    continue
-                observation, reward, terminated, truncated, info = env.step(action[i].numpy())
-                obs[i] = pad_observation(observation, shape)
-                prev_reward[i] = float(reward)
-                monte_carlo.step(i, values[i], float(reward), terminated, info)
-                if videos is not None and i == 0:
-                    videos.capture()
-                if terminated or truncated:
-                    returns.append(float(info["episode"]["r"]))
-                    if terminated:
-                        monte_carlo.end_episode(i, 0.0)
-                    else:
-                        truncated_obs[i] = obs[i].copy()
-                    if videos is not None and i == 0:
-                        videos.finish_episode()
-                    if started < episodes:
-                        started += 1
-                        obs[i] = pad_observation(env.reset()[0], shape)
-                        first[i] = True
-                        if videos is not None and i == 0:
-                            videos.capture()
-                    else:
-                        active[i] = False
+            policy, values = acting.act(obs)
+            action = (acting.agent.policy_head.mode(policy) if greedy else acting.agent.policy_head.sample(policy)).numpy()
+            rewards, restarted, truncated_obs = games.step(obs, action, values.tolist(), monte_carlo)
+            acting.advance(action, rewards, restarted)
             if truncated_obs:  # the values of their final observations, from the state that led there
-                final_obs = obs.copy()
-                for i, observation in truncated_obs.items():
-                    final_obs[i] = observation
-                final_inputs = AgentInput(torch.from_numpy(final_obs)[None], action[None], prev_reward[None],
-                                          torch.zeros((1, num_envs), dtype=torch.bool), task_index)
-                final_values = agent(final_inputs, core_state)[0].value[0]
-                for i in truncated_obs:
-                    monte_carlo.end_episode(i, float(final_values[i]))
-            prev_action = torch.where(first.view(-1, *[1] * len(head.action_shape)), torch.zeros_like(action), action)
-            prev_reward = torch.where(first, torch.zeros_like(prev_reward), prev_reward)
+                for i, value in acting.truncation_values(obs, truncated_obs, action, rewards).items():
+                    monte_carlo.end_episode(i, value)
     for env in envs:
         env.close()
     value_error = (monte_carlo.summary() if not greedy and not config.normalize_rewards
                    else {"value_mse": None, "value_explained_variance": None})
     dead_units = agent.dead_unit_fractions(torch.from_numpy(np.concatenate(sampled))[:DEAD_UNIT_SAMPLE])
-    return Played(returns[:episodes], [str(path) for path in videos.written] if videos is not None else [], value_error,
-                  dead_units)
+    return Played(games.returns[:episodes], [str(path) for path in videos.written] if videos is not None else [],
+                  value_error, dead_units)
 
+
+class Games:
+    """The episodes ``play`` plays on single envs: an env starts a new episode only while more are
+    needed (so fast envs don't bias the mean), and its first env's frames go to ``videos``."""
+
+    def __init__(self, envs: list, shape: tuple[int, ...], episodes: int, videos: EpisodeVideos | None):
+        self.envs, self.shape, self.episodes, self.videos = envs, shape, episodes, videos
+        self.started = len(envs)
+        self.active = np.ones(len(envs), dtype=bool)
+        self.returns: list[float] = []
+
+    def step(self, obs: np.ndarray, action: np.ndarray, values: list[float], monte_carlo: MonteCarloValues):
+        """Step the active envs with ``action``, writing their next observations into ``obs``;
+        returns the rewards, which envs started a new episode and the final observations of the
+        episodes a time limit cut (env -> observation; a terminated one ends in ``monte_carlo`` here)."""
+        rewards = np.zeros(len(self.envs), dtype=np.float32)
+        restarted = np.zeros(len(self.envs), dtype=bool)
+        truncated_obs = {}
+        for i, env in enumerate(self.envs):
+            if not self.active[i]:
+                continue
+            observation, reward, terminated, truncated, info = env.step(action[i])
+            obs[i] = pad_observation(observation, self.shape)
+            rewards[i] = float(reward)
+            monte_carlo.step(i, values[i], float(reward), terminated, info)
+            self._capture(i)
+            if terminated or truncated:
+                self.returns.append(float(info["episode"]["r"]))
+                if terminated:
+                    monte_carlo.end_episode(i, 0.0)
+                else:
+                    truncated_obs[i] = obs[i].copy()
+                if self.videos is not None and i == 0:
+                    self.videos.finish_episode()
+                if self.started < self.episodes:
+                    self.started += 1
+                    obs[i] = pad_observation(env.reset()[0], self.shape)
+                    restarted[i] = True
+                    self._capture(i)
+                else:
+                    self.active[i] = False
+        return rewards, restarted, truncated_obs
+
+    def _capture(self, i: int) -> None:
+        if self.videos is not None and i == 0:
+            self.videos.capture()

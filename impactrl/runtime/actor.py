@@ -30,12 +30,13 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from impactrl.acting import Acting
 from impactrl.build import env_tasks, make_agent, make_training_envs, run_tasks
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import ACTOR_STAGES, FramePacker, FrameRoomExceeded, UnrollRecord
 from impactrl.envs import EnvVector
 from impactrl.errors import EnvBroken
-from impactrl.models import Agent, AgentInput
+from impactrl.models import Agent
 
 # Rebuilds in a row whose first reset raises before the actor gives up on its envs.
 ENV_RESET_ATTEMPTS = 3
@@ -91,7 +92,7 @@ class Actor:
         self._start_envs(reward_stats)
         self.agent = make_agent(config, self.tasks)
         self.agent.eval()
-        self._start_episodes()
+        self.acting = Acting(self.agent, self.env_tasks)  # the step eval shares
         self.stage_seconds = dict.fromkeys(ACTOR_STAGES, 0.0)
         self.packer: FramePacker | None = None  # made by the first unroll into a slot with de-duplicated frames
         torch.manual_seed(env_seed(config, actor_id, 0, generation))
@@ -114,14 +115,6 @@ class Actor:
         raise EnvBroken(f"actor {self.actor_id}: {self.config.env} raised on reset {ENV_RESET_ATTEMPTS} times in a row "
                         f"(last: {type(failure).__name__}: {failure})") from failure
 
-    def _start_episodes(self) -> None:
-        E = self.config.envs_per_actor
-        head = self.agent.policy_head
-        self.first = np.ones(E, dtype=bool)
-        self.prev_action = torch.zeros((E, *head.action_shape), dtype=head.action_dtype).numpy()
-        self.prev_reward = np.zeros(E, dtype=np.float32)
-        self.core_state = self.agent.initial_state(E)
-
     def rebuild_envs(self) -> None:
         """After an env fault: new envs with new seeds, every episode restarted, reward
         normalisers kept (a broken env may no longer report them; then they start afresh)."""
@@ -132,7 +125,7 @@ class Actor:
             reward_stats = None
         self._close_envs()
         self._start_envs(reward_stats)
-        self._start_episodes()
+        self.acting.start_episodes()
 
     def _close_envs(self) -> None:
         if self.envs is not None:
@@ -149,42 +142,28 @@ class Actor:
         self.env_errors = 0
         return record
 
-    def _forward(self, obs: np.ndarray, prev_action: np.ndarray, prev_reward: np.ndarray,
-                 first: np.ndarray, core_state: tuple[torch.Tensor, ...]):
-        inputs = AgentInput(
-            obs=torch.from_numpy(obs)[None],
-            prev_action=torch.from_numpy(prev_action)[None],
-            prev_reward=torch.from_numpy(prev_reward)[None],
-            first=torch.from_numpy(first)[None],
-            task=torch.from_numpy(self.env_tasks)[None],
-        )
-        output, core_state = self.agent(inputs, core_state)
-        return output.policy[0], output.value[0], core_state
-
     @torch.inference_mode()
     def unroll(self, arrays: dict[str, np.ndarray]) -> None:
         """Write one unroll of T steps into ``arrays`` (the fields of a rollout slot)."""
         head = self.agent.policy_head
         if "frames" in arrays and self.packer is None:
             self.packer = FramePacker(len(arrays["frames"]), self.config.envs_per_actor)
-        for i, state in enumerate(self.core_state):
+        for i, state in enumerate(self.acting.core_state):
             arrays[f"core_state_{i}"][...] = state.numpy()
         arrays["truncation_value"].fill(0.0)
         arrays["task"][...] = self.env_tasks
         for t in range(self.config.unroll_length):
             self._write_inputs(arrays, t)
             began = time.perf_counter()
-            policy, _, next_core_state = self._forward(
-                self.obs, arrays["prev_action"][t], arrays["prev_reward"][t], arrays["first"][t], self.core_state)
+            policy, _ = self.acting.act(self.obs)
             action, log_prob = head.sample_with_log_prob(policy)
             arrays["behaviour_log_prob"][t] = log_prob.numpy()
             action = action.numpy()
             arrays["action"][t] = action
             inferred = time.perf_counter()
-            self._step_envs(t, action, next_core_state, arrays)
+            self._step_envs(t, action, arrays)
             self.stage_seconds["inference"] += inferred - began
             self.stage_seconds["env"] += time.perf_counter() - inferred
-            self.core_state = next_core_state
         self._write_inputs(arrays, self.config.unroll_length)
 
     def _write_inputs(self, arrays: dict[str, np.ndarray], t: int) -> None:
@@ -196,11 +175,11 @@ class Actor:
                 raise EnvBroken(f"actor {self.actor_id}: {error}") from None
         else:
             arrays["obs"][t] = self.obs
-        arrays["first"][t] = self.first
-        arrays["prev_action"][t] = self.prev_action
-        arrays["prev_reward"][t] = self.prev_reward
+        arrays["first"][t] = self.acting.first
+        arrays["prev_action"][t] = self.acting.prev_action
+        arrays["prev_reward"][t] = self.acting.prev_reward
 
-    def _step_envs(self, t: int, action: np.ndarray, core_state, arrays: dict[str, np.ndarray]) -> None:
+    def _step_envs(self, t: int, action: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
         try:
             step = self.envs.step(action)
         except Exception as error:  # noqa: BLE001 - any env fault: the actor rebuilds its envs
@@ -211,21 +190,11 @@ class Actor:
         arrays["episode_return"][t] = step.episode_return
         arrays["episode_length"][t] = step.episode_length
         self.obs = step.obs
-        if step.final_obs:
-            self._truncation_values(t, action, step.final_obs, core_state, arrays)
-        done = step.terminated | step.truncated
-        self.first = done
-        self.prev_action = np.where(done.reshape(-1, *[1] * (action.ndim - 1)), 0, action).astype(action.dtype)
-        self.prev_reward = np.where(done, 0.0, step.reward).astype(np.float32)
-
-    def _truncation_values(self, t, action, final_obs, core_state, arrays) -> None:
-        """V(x_final) for the envs a time limit cut: the learner bootstraps from it."""
-        obs = self.obs.copy()
-        for e, o in final_obs.items():
-            obs[e] = o
-        _, value, _ = self._forward(obs, action, arrays["reward"][t], np.zeros_like(self.first), core_state)
-        for e in final_obs:
-            arrays["truncation_value"][t, e] = value[e].item()
+        self.acting.advance(action, step.reward, step.terminated | step.truncated)
+        if step.final_obs:  # V(x_final) for the envs a time limit cut: the learner bootstraps from it
+            values = self.acting.truncation_values(self.obs, step.final_obs, action, arrays["reward"][t])
+            for e, value in values.items():
+                arrays["truncation_value"][t, e] = value
 
     def close(self) -> None:
         self._close_envs()
