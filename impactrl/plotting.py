@@ -118,13 +118,7 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
         if key not in known:
             raise UserError(f"{flag} {key}: no such key in the runs' metrics ("
                             + (f"keys: {', '.join(sorted(known))})" if known else "they have no metrics lines yet)"))
-    tasks: dict[str, str] = {}  # label -> env id, over the multi-task runs
-    for run_dir, records in runs:
-        if records and "task" in records[-1]:
-            from impactrl.envs.tasks import task_ids, task_labels
-
-            ids = task_ids(run_env(run_dir))
-            tasks.update(zip(task_labels(ids), ids))
+    tasks = multi_task_labels(runs)
     panels = list(tasks) or [None]
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
@@ -135,18 +129,7 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     for index, label in enumerate(panels):
         ax = axes[index // columns][index % columns]
         for group in groups:
-            curves = []
-            for run_dir in group:
-                records = records_of[run_dir]
-                multi = bool(records) and "task" in records[-1]
-                if label is not None and multi:
-                    xs, ys = curve(records, x_key, y_key, label)
-                elif label is None or run_env(run_dir) == tasks[label]:
-                    xs, ys = curve(records, x_key, y_key)
-                else:
-                    continue
-                if xs:
-                    curves.append((xs, trailing_mean(xs, ys, smooth) if smooth else ys))
+            curves = panel_curves(group, records_of, label, tasks, x_key, y_key, smooth)
             if curves:
                 xs, mean, lowest, highest = mean_band(curves)
                 (line,) = ax.plot(xs, mean, label=group_label(group), linewidth=1.4)
@@ -172,6 +155,37 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     finally:
         plt.close(figure)
     return Path(out)
+
+
+def multi_task_labels(runs: list[tuple[Path, list[dict]]]) -> dict[str, str]:
+    """Task label -> env id, over the multi-task runs among ``runs`` (run directory, records)."""
+    tasks: dict[str, str] = {}
+    for run_dir, records in runs:
+        if records and "task" in records[-1]:
+            from impactrl.envs.tasks import task_ids, task_labels
+
+            ids = task_ids(run_env(run_dir))
+            tasks.update(zip(task_labels(ids), ids))
+    return tasks
+
+
+def panel_curves(group: list[Path], records_of: dict[Path, list[dict]], label: str | None, tasks: dict[str, str],
+                 x_key: str, y_key: str, smooth: float | None) -> list[tuple[list, Sequence[float]]]:
+    """The curves of a group of runs in the panel of task ``label`` (None: the only panel): a
+    multi-task run's curve of that task, a single-task run's own curve where it played that task."""
+    curves = []
+    for run_dir in group:
+        records = records_of[run_dir]
+        multi = bool(records) and "task" in records[-1]
+        if label is not None and multi:
+            xs, ys = curve(records, x_key, y_key, label)
+        elif label is None or run_env(run_dir) == tasks[label]:
+            xs, ys = curve(records, x_key, y_key)
+        else:
+            continue
+        if xs:
+            curves.append((xs, trailing_mean(xs, ys, smooth) if smooth else ys))
+    return curves
 
 
 def curve_keys(records: list[dict]) -> set[str]:
