@@ -21,7 +21,8 @@ from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, data_b
 from impactrl.runtime.actor import Actor
 from impactrl.metrics import MetricsWriter
 from impactrl.runtime.learner import LEARNER_STAGES, LearnerLoop
-from impactrl.runtime.local import LocalActors, SharedWeights, StopRequests
+from impactrl.runtime.local import LocalActors, SharedWeights
+from impactrl.runtime.supervision import StopRequests
 from impactrl.training import build_learner
 
 CONTRACT_KEYS = {"env_steps", "learner_updates", "wall_time_s", "episode_return_mean", "episodes",

@@ -25,7 +25,6 @@ import ctypes
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections import deque
@@ -44,7 +43,8 @@ from impactrl.errors import ActorFailed, EnvBroken
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
-from impactrl.runtime.learner import Learner, LearnerCounters, count_restart, run_learner
+from impactrl.runtime.learner import Learner, LearnerCounters
+from impactrl.runtime.supervision import ActorHandle, Supervision, learner_threads, supervise
 from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
 
 
@@ -185,18 +185,14 @@ def synthetic_process(config: TrainConfig, synthetic: Synthetic, actor_ids: list
 
 
 @dataclass
-class ActorHandle:
-    """The learner's view of one actor: its process, pipes, slots and failure history."""
+class LocalActorHandle(ActorHandle):
+    """One local actor: also its slots, its process and its pipes."""
 
-    actor_id: int
-    slots: list[int]
+    slots: list[int] = field(default_factory=list)
     process: mp.Process | None = None
     commits: Connection | None = None
     returns: Connection | None = None
-    generation: int = -1
-    restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
-    last_error: str | None = None
-    fatal: bool = False
+    fatal: bool = False  # its last failure cannot be fixed by a restart (EnvBroken)
 
 
 class LocalActors:
@@ -206,28 +202,25 @@ class LocalActors:
                  ctx: mp.context.BaseContext, report: Callable[[str], None], synthetic: Synthetic | None = None):
         self.config = config
         self.synthetic = synthetic  # actors that replay recorded unrolls, several per process
-        self.report = report  # a line for the user: restarts, long waits
         self.learner = learner
         self.store = store
         self.weights = weights
         self.ctx = ctx
         self.stop = ctx.Value("b", 0, lock=False)
         self.heartbeats = torch.zeros(config.num_actors, dtype=torch.float64).share_memory_()
-        self.actors = [ActorHandle(i, list(range(i, store.num_slots, config.num_actors)))
+        self.actors = [LocalActorHandle(i, slots=list(range(i, store.num_slots, config.num_actors)))
                        for i in range(config.num_actors)]
         per_process = 1 if synthetic is None else synthetic.actors_per_process
         self.groups = [self.actors[i:i + per_process] for i in range(0, config.num_actors, per_process)]
         self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
-        self.waited_s = 0.0  # in next_batch since the last batch
-        self.wait_reported = False
+        self.supervision = Supervision(config, learner.counters, report)
 
     # --- processes ----------------------------------------------------------------------------
-    def start(self, group: list[ActorHandle]) -> None:
+    def start(self, group: list[LocalActorHandle]) -> None:
         """Start one process for the actors of ``group`` (one actor, or simulated ones)."""
-        counters = self.learner.counters
         readers, writers = [], []
         for actor in group:
-            actor.generation = max(counters.updates, actor.generation + 1)
+            actor.next_generation(self.learner.counters.updates)
             returns_reader, actor.returns = self.ctx.Pipe(duplex=False)
             actor.commits, commits_writer = self.ctx.Pipe(duplex=False)
             readers.append(returns_reader)
@@ -277,7 +270,7 @@ class LocalActors:
                 self._close_pipes(actor)
 
     @staticmethod
-    def _close_pipes(actor: ActorHandle) -> None:
+    def _close_pipes(actor: LocalActorHandle) -> None:
         for connection in (actor.commits, actor.returns):
             if connection is not None:
                 connection.close()
@@ -302,20 +295,13 @@ class LocalActors:
                     actor.last_error = None
                 self._restart(group, f"sent no heartbeat for {timeout:g} s (hung)")
 
-    def _restart(self, group: list[ActorHandle], reason: str) -> None:
-        config = self.config
+    def _restart(self, group: list[LocalActorHandle], reason: str) -> None:
         actor = next((actor for actor in group if actor.last_error), group[0])
         trace = f"\n{actor.last_error.rstrip()}" if actor.last_error else ""
         if any(actor.fatal for actor in group):
             raise ActorFailed(f"actor {actor.actor_id} {reason}:{trace}")
-        try:
-            restarts = count_restart(config, self.learner.counters, actor.actor_id, actor.restarts, reason)
-        except ActorFailed as error:
-            raise ActorFailed(f"{error}; its last failure:{trace}") from None
         last_line = actor.last_error.strip().splitlines()[-1] if actor.last_error else ""
-        self.report(f"actor {actor.actor_id} {reason}{': ' + last_line if last_line else ''}; restarting it with "
-                    f"the latest weights ({restarts} of {config.max_actor_restarts} restarts allowed in "
-                    f"{config.actor_restart_window_s:g} s)")
+        self.supervision.restarted(actor, reason, "restarting it", last_line, f"; its last failure:{trace}")
         for member in group:
             self._close_pipes(member)
             member.last_error = None
@@ -357,11 +343,10 @@ class LocalActors:
         while not self.assembler:
             remaining = began + timeout_s - time.monotonic()
             if remaining <= 0:
-                self.waited_s += time.monotonic() - began
-                self._report_long_wait()
+                self.supervision.waited(time.monotonic() - began, self.assembler.filling, self._alive)
                 return None
             self._receive(remaining)
-        self.waited_s, self.wait_reported = 0.0, False
+        self.supervision.served()
         return self.assembler.take()
 
     def _free(self, slot: int) -> None:
@@ -371,42 +356,9 @@ class LocalActors:
         except OSError:
             pass  # the owner died: its next generation starts with every slot the learner does not hold
 
-    def _report_long_wait(self) -> None:
-        if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
-            self.wait_reported = True
-            alive = sum(actor.process.is_alive() for actor in self.actors)
-            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({self.assembler.filling} of "
-                        f"{self.config.slots_per_batch} unrolls ready, {alive} of {len(self.actors)} actors alive)")
-
-
-class StopRequests:
-    """Ctrl-C and SIGTERM while the runtime runs, as a flag the learner loop reads between steps.
-
-    Python's default raises KeyboardInterrupt wherever the main thread is, which can be inside
-    a multiprocessing queue's own bookkeeping: the process then hung at exit joining the
-    queue's feeder thread (2 of 13 stops here, one in CI). A second signal raises at once, for
-    a user who will not wait for the current step to end.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.deferred = False  # True while actors spawn: a raise there would cut a spawn short
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> StopRequests:
-        if threading.current_thread() is threading.main_thread():  # only it may set handlers
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested and not self.deferred:
-            raise KeyboardInterrupt
-        self.requested = True
+    def _alive(self) -> str:
+        alive = sum(actor.process.is_alive() for actor in self.actors)
+        return f", {alive} of {len(self.actors)} actors alive"
 
 
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
@@ -416,25 +368,6 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
     torch.set_num_threads(learner_threads(config))
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.num_slots, shared=True)
-    weights = SharedWeights(learner.agent, ctx)  # actors wait for run_learner's first publish
+    weights = SharedWeights(learner.agent, ctx)  # actors wait for the learner loop's first publish
     actors = LocalActors(config, learner, store, weights, ctx, writer.message, synthetic)
-    with StopRequests() as stops:
-        def check_health() -> None:
-            if stops.requested:
-                raise KeyboardInterrupt  # here, between learner steps, not inside a pipe operation
-            actors.check_health()
-
-        try:
-            # A stop requested while spawning ends the spawning; the learner loop then checkpoints and
-            # raises at its first check, and stop_all ends what was started.
-            stops.deferred = True
-            actors.start_all(lambda: stops.requested)
-            stops.deferred = False
-            return run_learner(learner, actors, weights, run_dir, writer, check_health)
-        finally:
-            actors.stop_all()
-
-
-def learner_threads(config: TrainConfig) -> int:
-    """Intra-op threads for the learner: as configured, or the cores the actors (one thread each) leave free."""
-    return config.learner_threads or max(1, (torch.get_num_threads() or 1) - config.num_actors)
+    return supervise(learner, actors, weights, run_dir, writer)

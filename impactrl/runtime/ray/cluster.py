@@ -1,0 +1,104 @@
+"""Ray itself: joining a cluster or starting a local instance, the checks before a run starts,
+where things run (``run_info.json``), and a two-node cluster on one machine for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Iterator
+
+from impactrl.config import TrainConfig, ray_actor_resources
+from impactrl.errors import UserError
+
+try:
+    import ray
+except ImportError:  # an optional extra: preflight says how to install it
+    ray = None
+
+
+@contextlib.contextmanager
+def two_node_cluster(node_cpus: int) -> Iterator[str]:
+    """The address of a Ray cluster of two nodes simulated on this machine, each promising
+    ``node_cpus`` CPUs, shut down afterwards: the multi-node path without a second machine."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": node_cpus})
+    try:
+        cluster.add_node(num_cpus=node_cpus)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def where_am_i() -> dict:
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
+
+def write_run_info(run_dir: Path, config: TrainConfig, learner: dict, actors: list,
+                   weights: dict | None = None) -> None:
+    """``RUN_DIR/run_info.json``: where the learner and every process of every actor ran (newest
+    last); at the end also what the weight broadcasts cost."""
+    info = {"runtime": "ray", "ray_address": config.ray_address, "learner": learner,
+            "actors": {str(actor.actor_id): actor.incarnations for actor in actors},
+            **({"weights": weights} if weights is not None else {})}
+    partial = run_dir / ".run_info.json.partial"
+    partial.write_text(json.dumps(info, indent=1))
+    partial.replace(run_dir / "run_info.json")
+
+
+def preflight(config: TrainConfig) -> None:
+    """Before anything starts: Ray is installed, the cluster answers and can hold the actors."""
+    if ray is None:
+        raise UserError('--runtime ray needs Ray: pip install -e ".[ray]" (or pip install "ray>=2.60")')
+    need = {"CPU": config.ray_actor_cpus, **ray_actor_resources(config)}
+    if config.ray_address is None:
+        custom = sorted(name for name in need if name != "CPU")
+        if custom:
+            raise UserError(f"--ray-actor-resources {', '.join(custom)}: a local Ray instance has no such resource; "
+                            "join a cluster whose nodes offer it with --ray-address")
+        return
+    if config.ray_address != "auto":
+        host, _, port = config.ray_address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5.0).close()
+        except OSError as error:
+            raise UserError(f"--ray-address {config.ray_address}: nothing answers there ({error.strerror or error}); "
+                            "start the head with `ray start --head` and pass the address it prints") from None
+    try:
+        ray.init(address=config.ray_address, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        raise UserError(f"--ray-address {config.ray_address}: cannot join the Ray cluster: {first_line(error)}") from None
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    capacity = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items() if amount > 0),
+                       default=config.num_actors) for node in nodes)
+    if capacity < config.num_actors:
+        ray.shutdown()
+        asked = ", ".join(f"{name}={amount:g}" for name, amount in need.items())
+        raise UserError(f"--ray-address {config.ray_address}: the cluster's {len(nodes)} node(s) can hold {capacity} "
+                        f"actor(s) asking for {asked} each, not --num-actors {config.num_actors}; lower "
+                        "--ray-actor-cpus or --num-actors, or add nodes")
+
+
+def connect(config: TrainConfig) -> None:
+    """Join the cluster (preflight may have already), or start a local instance sized for the run:
+    its CPU count is a scheduling promise, so actors may outnumber cores as in the local runtime."""
+    if ray.is_initialized():
+        return
+    if config.ray_address is not None:
+        ray.init(address=config.ray_address, logging_level=logging.WARNING)
+        return
+    cpus = max(os.cpu_count() or 1, math.ceil(config.num_actors * config.ray_actor_cpus))
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)

@@ -1,0 +1,297 @@
+"""The learner side: the actors on the cluster as the learner loop's BatchSource, the weights as
+its WeightSink, and ``run``."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import ray
+import torch
+
+from impactrl.config import TrainConfig, ray_actor_resources
+from impactrl.data.rollout import BatchAssembler, RolloutSpec
+from impactrl.errors import ActorFailed
+from impactrl.metrics import MetricsWriter
+from impactrl.models import Agent
+from impactrl.runtime.learner import Learner, LearnerCounters
+from impactrl.runtime.ray.actor_side import ActorLoopFailed, RayActor, StartArgs, TakeReply, WeightsBoard
+from impactrl.runtime.ray.cluster import connect, first_line, where_am_i, write_run_info
+from impactrl.runtime.ray.codec import (KEYFRAME_EVERY, WeightsMessage, apply_delta, delta_bound, delta_bytes,
+                                        encode_delta, shipped)
+from impactrl.runtime.synthetic import Synthetic
+from impactrl.runtime.supervision import ActorHandle, Supervision, learner_threads, supervise
+
+
+# Ray starts its workers at niceness +15 (for its own servers' sake): beside any other busy
+# process an actor then gets almost no CPU. Actors run at the niceness of the node's Ray
+# processes instead, as the local runtime's do (benchmarks/README.md measures both).
+ACTOR_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+
+
+class ObjectStoreWeightSink:
+    """WeightSink: remembers the newest publication; ``latest`` puts it in the object store when due.
+
+    The put happens when the learner next asks actors for data, which run_learner does only with
+    the agent exactly as last published (after an update that published, or before the first):
+    an update that nobody reads costs no copy. With ``weight_delta`` a publication is a delta
+    against the one before (every KEYFRAME_EVERY-th a full copy); ``held`` is what the actors
+    rebuild from them, so lossy errors never add up.
+    """
+
+    def __init__(self, config: TrainConfig):
+        self.keyframe_every = 1 if config.weight_delta == "off" else KEYFRAME_EVERY
+        self.bound = delta_bound(config)
+        self.agent: Agent | None = None
+        self.version = -1
+        self.unshipped = False  # a publish since the last message; PPO may publish one version twice
+        self.message: WeightsMessage | None = None
+        self.held: dict[str, torch.Tensor] | None = None
+        self.stats = {"publications": 0, "full_copies": 0, "bytes_full_copy": 0, "bytes_deltas": 0, "encode_s": 0.0}
+
+    def publish(self, agent: Agent, version: int) -> None:
+        self.agent, self.version, self.unshipped = agent, version, True
+
+    def latest(self) -> WeightsMessage:
+        message = self.message
+        if self.unshipped:
+            self.unshipped = False
+            began = time.perf_counter()
+            state = {key: value.detach().cpu().clone() for key, value in self.agent.state_dict().items()}
+            publication = 1 if message is None else message.publication + 1
+            stats = self.stats
+            if (publication - 1) % self.keyframe_every == 0:
+                base, parts, self.held = publication, [], state
+                size = stats["bytes_full_copy"] = sum(value.nbytes for value in state.values())
+                payload = {key: value.numpy() for key, value in state.items()}
+                stats["full_copies"] += 1
+            else:
+                base, parts = message.base, list(message.parts)
+                payload = encode_delta(state, self.held, self.bound)
+                self.held = apply_delta(self.held, payload, self.bound)
+                size = delta_bytes(payload)
+                stats["bytes_deltas"] += size
+            parts.append(shipped(payload, size))
+            self.message = WeightsMessage(self.version, publication, base, parts)
+            stats["publications"] += 1
+            stats["encode_s"] += time.perf_counter() - began
+        return self.message
+
+    def report(self) -> dict:
+        """Bytes per broadcast, for run_info.json."""
+        stats = self.stats
+        deltas = stats["publications"] - stats["full_copies"]
+        return {"weight_delta": "off" if self.keyframe_every == 1 else "lossless" if self.bound is None else "lossy",
+                "delta_bound": self.bound, "publications": stats["publications"],
+                "bytes_full_copy": stats["bytes_full_copy"],
+                "bytes_per_delta": stats["bytes_deltas"] / deltas if deltas else None,
+                "bytes_per_publication": ((stats["full_copies"] * stats["bytes_full_copy"] + stats["bytes_deltas"])
+                                          / max(stats["publications"], 1)),
+                "put_ms_per_publication": 1000 * stats["encode_s"] / max(stats["publications"], 1)}
+
+
+@dataclass
+class RayActorHandle(ActorHandle):
+    """One Ray actor: also its handle (its process may be shared: synthetic actors) and its calls."""
+
+    handle: object = None
+    pending: set = field(default_factory=set)  # take calls out
+    held: int = 0  # its unrolls in batches the learner has not taken yet
+    last_reply: float = field(default_factory=time.monotonic)
+    probe: object = None  # a silent_s call out, and when it was sent
+    probe_sent: float = 0.0
+    killed: bool = False  # by the learner; until its next process reports, its old calls' failures are old news
+    incarnations: list = field(default_factory=list)  # where each of its processes ran
+    last_error: str = ""
+
+
+class RayActors:
+    """The actors on the cluster: the learner's BatchSource, and the bookkeeping of their restarts."""
+
+    def __init__(self, config: TrainConfig, learner: Learner, spec: RolloutSpec, weights: ObjectStoreWeightSink,
+                 run_dir: Path, report: Callable[[str], None], synthetic: Synthetic | None = None):
+        self.config, self.learner, self.weights, self.run_dir = config, learner, weights, run_dir
+        self.supervision = Supervision(config, learner.counters, report)
+        self.synthetic = synthetic
+        self.in_flight = unrolls_in_flight(config)
+        self.spec = spec
+        self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
+        self.owner: dict = {}  # take call -> ActorHandle
+        # PPO's actors pull each publication from a board; the rest learn it from their next take.
+        self.board = None
+        self.posted = 0  # the publication last posted on the board
+        self.actors: list[RayActorHandle] = []
+        self.learner_where = where_am_i()
+
+    def start_all(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Create the Ray actors (Ray starts their processes; a stop requested meanwhile ends the run
+        at the learner loop's first check)."""
+        config, learner = self.config, self.learner
+        per_process = 1 if self.synthetic is None else self.synthetic.actors_per_process
+        remote = ray.remote(RayActor).options(
+            num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
+            # every take waits in its own thread; silent_s never queues
+            max_concurrency=per_process * (self.in_flight + 1) + 1,
+            scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
+        if config.synchronous:
+            self.board = ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=config.num_actors + 2).remote()
+        for first in range(0, config.num_actors, per_process):
+            ids = list(range(first, min(first + per_process, config.num_actors)))
+            handle = remote.remote(config, ids, self.spec, self.in_flight, self.board, self.synthetic)
+            self.actors += [RayActorHandle(i, generation=learner.counters.updates, handle=handle) for i in ids]
+        write_run_info(self.run_dir, config, self.learner_where, self.actors)
+
+    def check_health(self) -> None:
+        """Hung actors are found while waiting for replies (next_batch); Ray restarts the dead."""
+
+    def stop_all(self) -> None:
+        for handle in {id(actor.handle): actor.handle for actor in self.actors}.values():
+            ray.kill(handle, no_restart=True)
+        if self.board is not None:
+            ray.kill(self.board)
+        write_run_info(self.run_dir, self.config, self.learner_where, self.actors, self.weights.report())
+
+    # --- BatchSource --------------------------------------------------------------------------
+    def next_batch(self, timeout_s: float):
+        """The next batch of ``slots_per_batch`` unrolls, each copied into it as its reply came;
+        None if none is complete after ``timeout_s``."""
+        began = time.monotonic()
+        while not self.assembler:
+            self.request()
+            remaining = began + timeout_s - time.monotonic()
+            calls = list(self.owner)
+            # Collected once even when the time is up, so that timeout_s = 0 takes what has arrived.
+            done, rest = ray.wait(calls, num_returns=1, timeout=max(remaining, 0.0))
+            if done:
+                done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for call in done:
+                self._receive(call)
+            self._find_hung()
+            if not self.assembler and time.monotonic() >= began + timeout_s:
+                self.supervision.waited(time.monotonic() - began, self.assembler.filling, self._restarting)
+                return None
+        batch, meta = self.assembler.take()
+        for actor_id in meta["slot_actor_id"].tolist():
+            self.actors[actor_id].held -= 1
+        self.request()  # the actors go on producing while the learner trains
+        self.supervision.served()
+        return batch, meta
+
+    def request(self) -> None:
+        """Keep ``in_flight`` takes out per actor, and the newest weights with every actor."""
+        weights = self.weights.latest()
+        for actor in self.actors:
+            while len(actor.pending) + actor.held < self.in_flight:
+                call = actor.handle.take.remote(
+                    actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
+                actor.pending.add(call)
+                self.owner[call] = actor
+        if self.board is not None and weights.publication > self.posted:
+            # Waited for: a post whose reference was dropped at once was lost in about one run in four.
+            ray.get(self.board.post.remote(weights))
+            self.posted = weights.publication
+
+    def _receive(self, call) -> None:
+        actor = self.owner.pop(call)
+        actor.pending.discard(call)
+        try:
+            reply: TakeReply = ray.get(call)
+        except ray.exceptions.RayTaskError as error:
+            self._loop_failed(actor, error.cause if isinstance(error.cause, ActorLoopFailed) else None, error)
+            return
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+            # The process died (its unrolls in the object store with it): Ray restarts it, and the
+            # takes sent from now on wait for the new process, which gets a new generation of seeds.
+            # Keep a reason already known (a hang found, a loop that raised) over Ray's report of the kill.
+            actor.last_error = actor.last_error or first_line(error)
+            actor.next_generation(self.learner.counters.updates)
+            return
+        actor.last_reply = time.monotonic()
+        if reply.where is not None:
+            actor.killed = False
+            self._started(actor, reply.where)
+        for unroll in reply.unrolls:
+            self.assembler.add(*unroll)
+        actor.held += len(reply.unrolls)
+
+    def _find_hung(self) -> None:
+        """Kill actors that sent nothing for ``actor_stall_timeout_s`` while asked, and whose loop
+        (or whole process: then the probe goes unanswered) has been silent as long; Ray restarts them."""
+        timeout, now = self.config.actor_stall_timeout_s, time.monotonic()
+        for actor in self.actors:
+            if not actor.pending or now - actor.last_reply < timeout:
+                continue
+            if actor.probe is None:
+                actor.probe, actor.probe_sent = actor.handle.silent_s.remote(actor.actor_id), now
+                continue
+            answered = ray.wait([actor.probe], timeout=0)[0]
+            if not answered and now - actor.probe_sent < timeout:
+                continue
+            try:
+                silent = ray.get(actor.probe) if answered else math.inf
+            except ray.exceptions.RayActorError:
+                silent = 0.0  # it died; Ray restarts it
+            actor.probe = None
+            if silent > timeout:
+                actor.last_error = f"sent no heartbeat for {timeout:g} s (hung)"
+                self._kill(actor)
+                actor.last_reply = now  # its next process gets a whole timeout
+            else:
+                actor.last_reply = now - silent  # look again when its silence would reach the timeout
+
+    def _loop_failed(self, actor: RayActorHandle, failure: ActorLoopFailed | None, error: Exception) -> None:
+        trace = failure.trace if failure is not None else str(error)
+        if failure is not None and failure.fatal:
+            raise ActorFailed(f"actor {actor.actor_id} failed:\n{trace.rstrip()}")
+        if not actor.killed:
+            actor.last_error = trace.strip().splitlines()[-1]  # the exception, after its traceback
+            self._kill(actor)
+
+    def _kill(self, actor: RayActorHandle) -> None:
+        """Kill the actor's process so that Ray restarts it (once: its other calls fail too)."""
+        actor.killed = True
+        actor.next_generation(self.learner.counters.updates)
+        ray.kill(actor.handle, no_restart=False)
+
+    def _started(self, actor: RayActorHandle, where: dict) -> None:
+        """A fresh process of ``actor`` served its first unroll: a restart unless it is the first."""
+        actor.incarnations.append({"generation": actor.generation, **where, "started_at": time.time()})
+        if len(actor.incarnations) > 1:
+            self._count_restart(actor, where)
+        write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
+
+    def _count_restart(self, actor: RayActorHandle, where: dict) -> None:
+        reason = actor.last_error or "its process was replaced"
+        self.supervision.restarted(actor, f"failed ({reason})", f"Ray restarted it on node {where['node_id'][:12]} "
+                                   f"({where['host']}, pid {where['pid']})")
+        actor.last_error = ""
+
+    def _restarting(self) -> str:
+        starting = [actor.actor_id for actor in self.actors if actor.last_error]
+        return (f"; actors waiting for Ray to restart them: {starting or 'none'}; is the cluster short of "
+                "resources? `ray status` shows it")
+
+
+def unrolls_in_flight(config: TrainConfig) -> int:
+    """Unrolls per actor in the object store (and in the learner's batches): the local runtime's
+    slots, shared out among the actors."""
+    return math.ceil(config.num_slots / config.num_actors)
+
+
+def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+        synthetic: Synthetic | None = None) -> LearnerCounters:
+    """Start the actors (or ``synthetic`` ones) on the cluster, run the learner loop here until the
+    step budget is spent."""
+    # A joined cluster's actors are elsewhere: then the learner keeps torch's own thread count.
+    if config.ray_address is None or config.learner_threads:
+        torch.set_num_threads(learner_threads(config))
+    connect(config)
+    try:
+        weights = ObjectStoreWeightSink(config)
+        actors = RayActors(config, learner, spec, weights, run_dir, writer.message, synthetic)
+        return supervise(learner, actors, weights, run_dir, writer)
+    finally:
+        ray.shutdown()  # a local instance stops with it; a joined cluster stays up

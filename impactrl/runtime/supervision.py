@@ -1,0 +1,148 @@
+"""What every runtime does the same way about its actors, whatever carries their data.
+
+- ``ActorHandle``: the learner's record of one actor that outlives its processes (its seed
+  generation, its recent restarts, its last failure); each runtime extends it with its channels.
+- ``Supervision``: restarts counted against the budget (``max_actor_restarts`` per
+  ``actor_restart_window_s``) and reported in one line; the learner's waits for a batch, reported
+  once they pass ``actor_stall_timeout_s``.
+- ``StopRequests``: Ctrl-C and SIGTERM as a flag the learner loop reads between steps.
+- ``supervise``: start the actors, run the learner loop, stop them, however it ends.
+- ``learner_threads``: the learner's intra-op threads beside the actors.
+
+No runtime imports another; each imports this.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from impactrl.config import TrainConfig
+from impactrl.errors import ActorFailed
+from impactrl.metrics import MetricsWriter
+from impactrl.runtime.learner import BatchSource, Learner, LearnerCounters, WeightSink, count_restart, run_learner
+
+
+@dataclass
+class ActorHandle:
+    """The learner's view of one actor across its processes."""
+
+    actor_id: int
+    generation: int = -1  # of its seeds: a new process gets a new one
+    restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
+    last_error: str | None = None  # why its last process ended, when known
+
+    def next_generation(self, updates: int) -> int:
+        """A new process's seed generation: never one used before, and past the learner's updates
+        (so that a resumed run's actors do not repeat the seeds of the run before)."""
+        self.generation = max(updates, self.generation + 1)
+        return self.generation
+
+
+class Supervision:
+    """Restart budget and long-wait reports, with ``report`` (a line for the user)."""
+
+    def __init__(self, config: TrainConfig, counters: LearnerCounters, report: Callable[[str], None]):
+        self.config, self.counters, self.report = config, counters, report
+        self.waited_s = 0.0  # in next_batch since the last batch
+        self.wait_reported = False
+
+    def restarted(self, actor: ActorHandle, failure: str, how: str, detail: str = "", trace: str = "") -> None:
+        """Count a restart of ``actor``, which ``failure``, and say so: ``how`` it comes back, with
+        ``detail`` (its last error line). ActorFailed, ending with ``trace``, when the budget is spent."""
+        config = self.config
+        try:
+            restarts = count_restart(config, self.counters, actor.actor_id, actor.restarts, failure)
+        except ActorFailed as error:
+            raise ActorFailed(f"{error}{trace}") from None
+        self.report(f"actor {actor.actor_id} {failure}{': ' + detail if detail else ''}; {how} with the latest "
+                    f"weights ({restarts} of {config.max_actor_restarts} restarts allowed in "
+                    f"{config.actor_restart_window_s:g} s)")
+
+    def waited(self, seconds: float, filling: int, state: Callable[[], str]) -> None:
+        """``next_batch`` returned nothing after ``seconds``; past the stall timeout (once per wait),
+        a line that says so, with the unrolls ready and the actors' ``state``."""
+        self.waited_s += seconds
+        if self.waited_s > self.config.actor_stall_timeout_s and not self.wait_reported:
+            self.wait_reported = True
+            self.report(f"the learner has waited {self.waited_s:.0f} s for a batch ({filling} of "
+                        f"{self.config.slots_per_batch} unrolls ready{state()})")
+
+    def served(self) -> None:
+        """A batch came: the next wait is a new one."""
+        self.waited_s, self.wait_reported = 0.0, False
+
+
+class StopRequests:
+    """Ctrl-C and SIGTERM while the runtime runs, as a flag the learner loop reads between steps.
+
+    Python's default raises KeyboardInterrupt wherever the main thread is, which can be inside
+    a multiprocessing queue's own bookkeeping: the process then hung at exit joining the
+    queue's feeder thread (2 of 13 stops here, one in CI). A second signal raises at once, for
+    a user who will not wait for the current step to end.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.deferred = False  # True while actors spawn: a raise there would cut a spawn short
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():  # only it may set handlers
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and not self.deferred:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class Actors(BatchSource, Protocol):
+    """A runtime's actors, as ``supervise`` drives them."""
+
+    def start_all(self, should_stop: Callable[[], bool]) -> None:
+        """Start every actor, or stop starting them once ``should_stop``."""
+
+    def check_health(self) -> None:
+        """Between learner steps: restart failed actors; ActorFailed when one cannot go on."""
+
+    def stop_all(self) -> None:
+        """Stop every actor started (also after a failure)."""
+
+
+def supervise(learner: Learner, actors: Actors, weights: WeightSink, run_dir: Path,
+              writer: MetricsWriter) -> LearnerCounters:
+    """Start the actors, run the learner loop until it ends, stop them, however it ends.
+
+    A stop requested while spawning ends the spawning; the learner loop then checkpoints and
+    raises at its first check, and ``stop_all`` ends what was started."""
+    with StopRequests() as stops:
+        def check_health() -> None:
+            if stops.requested:
+                raise KeyboardInterrupt  # here, between learner steps, not inside a pipe operation
+            actors.check_health()
+
+        try:
+            stops.deferred = True
+            actors.start_all(lambda: stops.requested)
+            stops.deferred = False
+            return run_learner(learner, actors, weights, run_dir, writer, check_health)
+        finally:
+            actors.stop_all()
+
+
+def learner_threads(config: TrainConfig) -> int:
+    """Intra-op threads for the learner: as configured, or the cores the actors (one thread each) leave free."""
+    return config.learner_threads or max(1, (torch.get_num_threads() or 1) - config.num_actors)
