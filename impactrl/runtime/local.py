@@ -5,7 +5,7 @@ Data flow (the only channels there are)::
     actor i --(slot index, its commit pipe)--> learner        unroll data stays in the SlotStore
     learner --(slot index, actor i's return pipe)--> actor i  the slot is free again once the learner
                                                               has copied it into the batch being filled
-    learner --(SharedWeights, a seqlock)--> actors            read at unroll boundaries
+    learner --(SharedWeights, double-buffered)--> actors      read at unroll boundaries
     actor i --(heartbeat time, shared array)--> learner       read by the supervisor
 
 Every slot belongs to one actor (slot s to actor s mod A): memory is bounded per actor, and the
@@ -21,6 +21,7 @@ everywhere), so a SIGKILLed learner leaves no processes behind.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -31,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,45 +52,166 @@ from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
 STARTUP_GRACE_S = 60.0
 
 
-class SharedWeights:
-    """Learner -> actors: one shared copy of the agent's state dict, its version and a publication count.
+class Stopping(Exception):
+    """Raised in an actor process waiting for the weights when the run stops or the learner is gone."""
 
-    A seqlock instead of a lock: the learner makes the sequence odd, copies, makes it even; an
-    actor copies and keeps the copy only if the sequence was even and unchanged around it. A
-    killed actor therefore can never block a publish, and a publish is never dropped. An actor
-    needs one gap between publishes longer than its copy (microseconds for these models; the
-    learner publishes at most once per SGD step).
+
+class WeightsUnreadable(RuntimeError):
+    """An actor lost the race against the learner's publications for ``give_up_s`` in a row."""
+
+
+# Nobody holds SharedWeights' lock for more than a few integer reads and writes: held this long,
+# its holder is gone (or stopped) and the learner takes it back.
+LOCK_STUCK_S = 2.0
+LOCK_ABANDONED_S = 30.0
+READ_GIVE_UP_S = 60.0
+
+
+class SharedWeights:
+    """Learner -> actors: two shared copies of the agent's state dict (double buffering), which
+    one holds the newest whole publication, and its version.
+
+    Publication n is copied into buffer n % 2. Three counters say what is where: ``writing`` (the
+    publication being copied, or last copied), ``published`` (the newest whole one) and each
+    buffer's version. They are read and written only under ``_lock``, a multiprocessing lock (a
+    POSIX semaphore), held for those few integer operations and never across a copy; the copies
+    themselves are plain::
+
+        publish n:  [lock: writing = n]   copy into buffer n % 2   [lock: version, published = n]
+        load:       [lock: p = published, its version]   copy buffer p % 2   [lock: w = writing]
+                    the copy is whole if w < p + 2 (publication p + 2, the next one into that
+                    buffer, has not begun), else it is retried
+
+    Why this holds on any CPU, x86's strong store order or ARM's weak one: taking and giving the
+    lock order memory as a mutex's acquire and release do (POSIX semaphores synchronise memory),
+    and the lock's sections happen one after another. The reader's first section comes after
+    the one that set published = p, so every store of publication p's copy is visible to its
+    copy, which cannot begin before that section. If its copy saw any store of publication p + 2,
+    that store came after the section that set writing = p + 2, so the reader's second section,
+    which its copy's loads cannot follow, comes after that one too and sees w >= p + 2.
+
+    What a killed process leaves:
+
+    - a learner killed mid-copy: ``published`` still names the last whole publication, in the
+      other buffer, which readers keep loading; one killed inside a section: readers waiting for
+      the lock keep sending heartbeats and stop once the learner is gone (``attach``);
+    - an actor killed inside a section (a few microseconds of its life): the learner, finding the
+      lock held past LOCK_STUCK_S while its holder is gone (or past LOCK_ABANDONED_S), releases it.
+
+    A reader loses a race only when two publications begin during its copy; it retries, sending
+    heartbeats, and raises WeightsUnreadable after ``give_up_s`` of losing in a row.
     """
 
     def __init__(self, agent: Agent, ctx: mp.context.BaseContext):
-        self.tensors = {key: value.detach().cpu().clone().share_memory_() for key, value in agent.state_dict().items()}
-        self._version = ctx.Value("q", -1, lock=False)
-        self._sequence = ctx.Value("q", 0, lock=False)  # publications = sequence // 2
+        state = agent.state_dict()
+        self.buffers = [{key: value.detach().cpu().clone().share_memory_() for key, value in state.items()}
+                        for _ in range(2)]
+        self._lock = ctx.Lock()
+        self._holder = ctx.Value("q", 0, lock=False)  # the pid inside a section, 0 if none
+        self._writing = ctx.Value("q", 0, lock=False)
+        self._published = ctx.Value("q", 0, lock=False)
+        self._versions = ctx.Array("q", [-1, -1], lock=False)
+        self.give_up_s = READ_GIVE_UP_S
+        self.attach(lambda: None, lambda: False)
+
+    def __getstate__(self) -> dict:
+        """Sent to an actor process without this process's callbacks: it attaches its own."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_heartbeat", "_should_stop")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.attach(lambda: None, lambda: False)
+
+    def attach(self, heartbeat: Callable[[], None], should_stop: Callable[[], bool]) -> None:
+        """In an actor process: what a reader waiting for the weights calls (it raises Stopping
+        once ``should_stop``)."""
+        self._heartbeat, self._should_stop = heartbeat, should_stop
+
+    @contextlib.contextmanager
+    def _section(self, publisher: bool) -> Iterator[None]:
+        began = time.monotonic()
+        while not self._lock.acquire(timeout=0.1):
+            self._heartbeat()
+            if self._should_stop():
+                raise Stopping
+            held = time.monotonic() - began
+            if publisher and (held > LOCK_ABANDONED_S or (held > LOCK_STUCK_S and process_gone(self._holder.value))):
+                with contextlib.suppress(ValueError):  # its holder let go meanwhile
+                    self._lock.release()
+        self._holder.value = os.getpid()
+        try:
+            yield
+        finally:
+            self._holder.value = 0
+            self._lock.release()
 
     def publish(self, agent: Agent, version: int) -> None:
-        self._sequence.value += 1
+        with self._section(publisher=True):
+            publication = self._published.value + 1
+            self._writing.value = publication
+        buffer = self.buffers[publication % 2]
         for key, value in agent.state_dict().items():
-            self.tensors[key].copy_(value)
-        self._version.value = version
-        self._sequence.value += 1
+            buffer[key].copy_(value)
+        with self._section(publisher=True):
+            self._versions[publication % 2] = version
+            self._published.value = publication
 
     def publication(self) -> int:
-        return self._sequence.value // 2
+        """How many publications there were (a hint, read without the lock: load_into decides)."""
+        return self._published.value
 
     def version(self) -> int:
         """The newest published version (a synthetic actor tags its unrolls with it, loading nothing)."""
-        return self._version.value
+        with self._section(publisher=False):
+            return self._versions[self._published.value % 2] if self._published.value else -1
 
     def load_into(self, agent: Agent) -> tuple[int, int]:
-        """The newest weights into ``agent`` (waiting for the first publish); (version, publication)."""
+        """The newest whole weights into ``agent`` (waiting for the first publish); (version, publication)."""
+        losing_since = None
         while True:
-            before = self._sequence.value
-            if before and before % 2 == 0:
-                version = self._version.value
-                agent.load_state_dict(self.tensors)
-                if self._sequence.value == before:
-                    return version, before // 2
-            time.sleep(0.001)
+            with self._section(publisher=False):
+                publication = self._published.value
+                version = self._versions[publication % 2]
+            if not publication:
+                self._idle()
+                continue
+            agent.load_state_dict(self.buffers[publication % 2])
+            with self._section(publisher=False):
+                whole = self._writing.value < publication + 2
+            if whole:
+                return version, publication
+            now = time.monotonic()
+            losing_since = losing_since or now
+            if now - losing_since > self.give_up_s:
+                raise WeightsUnreadable(
+                    f"an actor could not copy the weights for {self.give_up_s:g} s: each copy was overtaken by two "
+                    "publications; publish less often (--publish-interval) or give the actors more CPU")
+            self._heartbeat()
+
+    def _idle(self) -> None:
+        self._heartbeat()
+        if self._should_stop():
+            raise Stopping
+        time.sleep(0.001)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` no longer runs (exited, a zombie); True for 0, no process."""
+    if pid <= 0:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] in "ZXx"
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel (a zombie still counts as running there)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
 
 
 class ActorEndpoint:
@@ -162,7 +284,10 @@ def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: 
     should_stop = start_actor_process(stop, parent_pid)
     try:
         endpoint = ActorEndpoint(store, actor_id, free_slots, returns, commits, heartbeats, should_stop)
+        weights.attach(endpoint.heartbeat, should_stop)
         run_actor(config, actor_id, weights, endpoint, should_stop, generation, reward_stats)
+    except Stopping:
+        return
     except BaseException as error:
         try:
             commits.send(("error", isinstance(error, EnvBroken), traceback.format_exc()))
@@ -179,9 +304,13 @@ def synthetic_process(config: TrainConfig, synthetic: Synthetic, actor_ids: list
     torch.set_num_threads(1)
     sinks = [ActorEndpoint(store, actor_id, own, back, out, heartbeats, should_stop)
              for actor_id, own, back, out in zip(actor_ids, slots, returns, commits)]
-    recorded, reward_stats = record_unrolls(config, store.spec, actor_ids[0], generation, weights,
-                                            synthetic.recorded_unrolls)
-    replay(recorded, reward_stats, sinks, weights.version, should_stop, lambda timeout: wait(returns, timeout))
+    weights.attach(lambda: [sink.heartbeat() for sink in sinks], should_stop)
+    try:
+        recorded, reward_stats = record_unrolls(config, store.spec, actor_ids[0], generation, weights,
+                                                synthetic.recorded_unrolls)
+        replay(recorded, reward_stats, sinks, weights.version, should_stop, lambda timeout: wait(returns, timeout))
+    except Stopping:
+        return
 
 
 @dataclass

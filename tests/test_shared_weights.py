@@ -1,0 +1,120 @@
+"""SharedWeights, the local runtime's learner -> actors channel, under a publisher and readers in
+other processes: every read is one publication, whatever the CPU's memory order, and no process
+killed anywhere blocks the others."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from impactrl.runtime.local import LOCK_STUCK_S, SharedWeights, WeightsUnreadable
+
+
+def make_agent() -> torch.nn.Module:
+    """Several tensors of several sizes: a torn read mixes publications across or within them."""
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64), torch.nn.Linear(64, 3))
+
+
+def fill(agent: torch.nn.Module, version: int) -> None:
+    with torch.no_grad():
+        for parameter in agent.parameters():
+            parameter.fill_(float(version))
+
+
+def publish_forever(weights: SharedWeights, started) -> None:
+    """Publish back to back, with no pause: as fast as a learner ever could."""
+    torch.set_num_threads(1)
+    agent = make_agent()
+    version = 1
+    while True:
+        fill(agent, version)
+        weights.publish(agent, version)
+        started.value = version
+        version += 1
+
+
+def hold_the_lock(weights: SharedWeights, holding) -> None:
+    """An actor killed inside one of its few-microsecond sections, made to last."""
+    weights._lock.acquire()
+    weights._holder.value = os.getpid()
+    holding.value = 1
+    time.sleep(3600)
+
+
+def values_of(agent: torch.nn.Module) -> list[float]:
+    """The distinct values across the agent's tensors (one, when they are one publication's)."""
+    return sorted({bound for value in agent.state_dict().values() for bound in map(float, value.aminmax())})
+
+
+def test_every_read_is_one_publication_while_another_process_publishes_back_to_back():
+    ctx = mp.get_context("spawn")
+    agent = make_agent()
+    weights = SharedWeights(agent, ctx)
+    started = ctx.Value("q", 0, lock=False)
+    publisher = ctx.Process(target=publish_forever, args=(weights, started), daemon=True)
+    publisher.start()
+    try:
+        reader = make_agent()
+        version, publication = weights.load_into(reader)  # waits for the first publish
+        reads, last = 0, publication
+        deadline = time.monotonic() + 60
+        while (reads < 300 or started.value < 100) and time.monotonic() < deadline:
+            version, publication = weights.load_into(reader)
+            assert values_of(reader) == [float(version)], f"read {reads} mixed publications"
+            assert publication >= last  # never an older one than already read
+            last, reads = publication, reads + 1
+        assert reads >= 300 and started.value >= 100 and last > 1
+    finally:
+        publisher.kill()
+        publisher.join(10)
+    # The publisher died somewhere in a publish (mid-copy, most likely): a whole one is still read.
+    version, _ = weights.load_into(reader)
+    assert values_of(reader) == [float(version)]
+
+
+class OvertakenAgent(torch.nn.Module):
+    """An agent whose every copy is overtaken by two publications (a reader that always loses)."""
+
+    def __init__(self, weights: SharedWeights, source: torch.nn.Module):
+        super().__init__()
+        self.weights, self.source = weights, source
+
+    def load_state_dict(self, state, strict=True):
+        for _ in range(2):
+            self.weights.publish(self.source, 0)
+
+
+def test_a_reader_that_keeps_losing_sends_heartbeats_and_gives_up_with_a_clear_error():
+    agent = make_agent()
+    weights = SharedWeights(agent, mp.get_context("spawn"))
+    weights.publish(agent, 0)
+    beats = []
+    weights.attach(lambda: beats.append(time.monotonic()), lambda: False)
+    weights.give_up_s = 0.5
+    began = time.monotonic()
+    with pytest.raises(WeightsUnreadable, match="--publish-interval"):
+        weights.load_into(OvertakenAgent(weights, agent))
+    assert 0.5 <= time.monotonic() - began < 10 and len(beats) > 10
+
+
+def test_a_reader_killed_inside_the_lock_blocks_the_learner_only_briefly():
+    ctx = mp.get_context("spawn")
+    agent = make_agent()
+    weights = SharedWeights(agent, ctx)
+    holding = ctx.Value("b", 0, lock=False)
+    holder = ctx.Process(target=hold_the_lock, args=(weights, holding), daemon=True)
+    holder.start()
+    deadline = time.monotonic() + 60
+    while not holding.value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(10)
+    fill(agent, 3)
+    began = time.monotonic()
+    weights.publish(agent, 3)
+    assert time.monotonic() - began < LOCK_STUCK_S + 2.0
+    reader = make_agent()
+    assert weights.load_into(reader)[0] == 3 and values_of(reader) == [3.0]
