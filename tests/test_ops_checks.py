@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from impactrl.ops import checks
 from impactrl.ops.checks import (
     check_per_step,
     check_positive_float,
@@ -11,6 +12,8 @@ from impactrl.ops.checks import (
     check_unit_interval,
     per_step_mismatch,
 )
+from impactrl.ops.policy_losses import value_loss
+from impactrl.ops.vtrace import vtrace_from_importance_weights
 
 
 def test_per_step_mismatch_accepts_broadcastable_and_names_the_problem():
@@ -57,3 +60,24 @@ def test_scalar_checks():
     check_unit_interval("g", 1)
     with pytest.raises(ValueError, match=r"g must be in \[0, 1\], got 1.5"):
         check_unit_interval("g", 1.5)
+
+
+def test_ops_check_shapes_always_and_dtypes_devices_and_hyperparameters_only_with_debug_checks():
+    x = torch.zeros(4, 2)
+    inputs = {"log_rhos": x, "discounts": x, "rewards": x, "values": x}
+    with checks.debug_checks(False):
+        assert not checks.DEBUG_CHECKS
+        with pytest.raises(ValueError, match=r"bootstrap_value must have the shape of values\[0\]"):
+            vtrace_from_importance_weights(**inputs, bootstrap_value=torch.zeros(3))
+        with pytest.raises(ValueError, match="targets must have the shape of values"):
+            value_loss(x, torch.zeros(4, 3))
+        # What config validation guarantees is not checked again on every call.
+        vtrace_from_importance_weights(**inputs, bootstrap_value=torch.zeros(2), lambda_=1.5)
+        value_loss(x, x.double())
+        with checks.debug_checks():
+            assert checks.DEBUG_CHECKS
+            with pytest.raises(ValueError, match=r"lambda_ must be in \[0, 1\]"):
+                vtrace_from_importance_weights(**inputs, bootstrap_value=torch.zeros(2), lambda_=1.5)
+            with pytest.raises(ValueError, match="targets must have the dtype of values"):
+                value_loss(x, x.double())
+        assert not checks.DEBUG_CHECKS

@@ -20,6 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from impactrl.ops import checks
 from impactrl.ops.gae import GAEReturns, generalized_advantage_estimation
 from impactrl.ops.policy_losses import (
     adaptive_kl_coefficient,
@@ -28,6 +29,14 @@ from impactrl.ops.policy_losses import (
     value_loss,
 )
 from impactrl.ops.returns import discounted_returns
+
+
+@pytest.fixture
+def debug_checks():
+    """The ops' debug checks on (types, dtypes, devices, hyperparameters): the tests that they fire."""
+    with checks.debug_checks():
+        yield
+
 
 FAST = settings(max_examples=40, deadline=None)
 DTYPES = [torch.float32, torch.float64]
@@ -163,6 +172,7 @@ def test_gae_trailing_dims_broadcast():
         (dict(lambda_=torch.tensor(0.5)), "lambda_"),
     ],
 )
+@pytest.mark.usefixtures("debug_checks")
 def test_gae_validation(kwargs, match):
     args = dict(
         rewards=torch.zeros(4, 2),
@@ -331,6 +341,7 @@ def test_value_loss_clipped_hand():
     torch.testing.assert_close(values.grad, t64(0.0, 2.0 / 3, 0.0))
 
 
+@pytest.mark.usefixtures("debug_checks")
 def test_value_loss_validation():
     values, targets = t64(1.0, 2.0, 3.0), t64(1.5, 0.0, 3.0)
     with pytest.raises(ValueError, match="old_values"):
@@ -364,6 +375,7 @@ def test_adaptive_kl_coefficient(kl, expected):
     assert out == pytest.approx(expected)
 
 
+@pytest.mark.usefixtures("debug_checks")
 def test_adaptive_kl_coefficient_validation():
     with pytest.raises(ValueError, match="kl_target"):
         adaptive_kl_coefficient(1.0, 0.01, 0.0)
@@ -378,6 +390,7 @@ def test_adaptive_kl_coefficient_validation():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("debug_checks")
 def test_surrogate_validation():
     x = torch.zeros(3)
     with pytest.raises(ValueError, match="old_log_prob"):

@@ -19,8 +19,17 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from impactrl.ops import checks
 from impactrl.ops.returns import bootstrap_truncations, discounted_returns, explained_variance
 from impactrl.ops.vtrace import VTraceReturns, vtrace_from_importance_weights
+
+
+@pytest.fixture
+def debug_checks():
+    """The ops' debug checks on (types, dtypes, devices, hyperparameters): the tests that they fire."""
+    with checks.debug_checks():
+        yield
+
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -253,6 +262,7 @@ def test_inconsistent_rank_raises():
         (dict(lambda_=1.5), r"lambda_ must be in \[0, 1\]"),
     ],
 )
+@pytest.mark.usefixtures("debug_checks")
 def test_validation_messages(overrides, match):
     kwargs = dict(
         log_rhos=torch.zeros(5, 2),
@@ -441,6 +451,7 @@ def test_bootstrap_truncations_hand_example():
     torch.testing.assert_close(out.pg_advantages, expected - values)
 
 
+@pytest.mark.usefixtures("debug_checks")
 def test_bootstrap_truncations_validation():
     z = torch.zeros(3, 2)
     b = torch.zeros(3, 2, dtype=torch.bool)

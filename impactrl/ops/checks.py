@@ -8,17 +8,27 @@ of the checks, so which message a call with several problems gets is up to the c
 
 Time-major conventions (``[T, B, ...]``, ``bootstrap_value`` the shape of ``values[0]``) are
 those of :mod:`impactrl.ops.vtrace`.
+
+The ops always check shapes (cheap: no device sync, and a wrong shape would broadcast into a
+wrong answer in silence). Their other checks (tensor types, dtypes, devices and hyperparameter
+values, which config validation already guarantees at the boundary) run only with debug checks
+on, as rlax runs chex's: ``IMPACTRL_DEBUG_CHECKS=1`` in the environment, or
+:func:`debug_checks` in code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable, Optional
+import os
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "DEBUG_CHECKS",
+    "debug_checks",
     "shape_tuple",
     "check_float_tensor",
     "check_tensor_kind",
@@ -36,6 +46,21 @@ __all__ = [
     "check_threshold",
     "check_positive_float",
 ]
+
+
+DEBUG_CHECKS = os.environ.get("IMPACTRL_DEBUG_CHECKS", "0").strip() not in ("", "0")
+"""Whether the ops also run their debug checks (read through the module: ``checks.DEBUG_CHECKS``)."""
+
+
+@contextlib.contextmanager
+def debug_checks(enabled: bool = True) -> Iterator[None]:
+    """Debug checks on (or off) inside the ``with`` block, as they were after it."""
+    global DEBUG_CHECKS
+    previous, DEBUG_CHECKS = DEBUG_CHECKS, enabled
+    try:
+        yield
+    finally:
+        DEBUG_CHECKS = previous
 
 
 def shape_tuple(x: Tensor) -> tuple[int, ...]:

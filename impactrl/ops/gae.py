@@ -49,6 +49,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from impactrl.ops import checks
 from impactrl.ops.checks import (
     check_float_tensor,
     check_has_time_steps,
@@ -86,14 +87,17 @@ def _validate_gae_inputs(
         ("bootstrap_value", bootstrap_value),
         ("discounts", discounts),
     ]
-    for name, x in named:
-        check_float_tensor(name, x)
+    if checks.DEBUG_CHECKS:
+        for name, x in named:
+            check_float_tensor(name, x)
 
     check_time_major("values", values)
     check_has_time_steps("values", values)
     check_shape_of("rewards", rewards, "values", values)
     check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
     check_per_step("discounts", discounts, "values", values)
+    if not checks.DEBUG_CHECKS:
+        return
     for name, x in named:
         check_same_dtype(name, x, "values", values)
         check_same_device(name, x, "values", values)

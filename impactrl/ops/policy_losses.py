@@ -29,10 +29,12 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from impactrl.ops import checks
 from impactrl.ops.checks import (
     check_positive_float,
     check_python_float,
     check_same_float,
+    check_shape_of,
     shape_tuple,
 )
 
@@ -47,6 +49,21 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # Shared
 # --------------------------------------------------------------------------------------------
+
+
+def _check_like(reference_name: str, reference: Tensor, *named: tuple[str, Tensor]) -> None:
+    """Each of ``named`` has the shape of ``reference``; with debug checks, also that all are
+    floating-point tensors of its dtype and device (``check_same_float``)."""
+    if checks.DEBUG_CHECKS:
+        check_same_float(reference_name, reference, *named)
+        return
+    for name, x in named:
+        check_shape_of(name, x, reference_name, reference)
+
+
+def _positive(name: str, value: float, allow_zero: bool = False) -> float:
+    """``value`` as a float, checked to be finite and > 0 (>= 0) with debug checks."""
+    return check_positive_float(name, value, allow_zero) if checks.DEBUG_CHECKS else float(value)
 
 
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_param: float) -> tuple[Tensor, Tensor]:
@@ -88,10 +105,8 @@ def ppo_clipped_surrogate(
         ``(loss, clip_fraction)``: the scalar loss (to minimise) and the detached fraction of
         steps with |r_t − 1| > ε.
     """
-    check_same_float(
-        "log_prob", log_prob, ("old_log_prob", old_log_prob), ("advantages", advantages)
-    )
-    clip_param = check_positive_float("clip_param", clip_param)
+    _check_like("log_prob", log_prob, ("old_log_prob", old_log_prob), ("advantages", advantages))
+    clip_param = _positive("clip_param", clip_param)
     ratio = torch.exp(log_prob - old_log_prob.detach())
     return _clipped_surrogate(ratio, advantages.detach(), clip_param)
 
@@ -138,16 +153,16 @@ def impact_surrogate(
         ``"is_weight_clipped_fraction"`` (fraction with μ/π_tgt > ρ; 0 when ρ is ``None``) and
         ``"clip_fraction"`` (fraction with |r_t − 1| > ε).
     """
-    check_same_float(
+    _check_like(
         "log_prob",
         log_prob,
         ("target_log_prob", target_log_prob),
         ("behaviour_log_prob", behaviour_log_prob),
         ("advantages", advantages),
     )
-    clip_param = check_positive_float("clip_param", clip_param)
+    clip_param = _positive("clip_param", clip_param)
     if target_worker_clip is not None:
-        target_worker_clip = check_positive_float("target_worker_clip", target_worker_clip)
+        target_worker_clip = _positive("target_worker_clip", target_worker_clip)
 
     with torch.no_grad():
         behaviour = behaviour_log_prob.detach()
@@ -208,15 +223,15 @@ def value_loss(
     Returns:
         The scalar loss.
     """
-    check_same_float("values", values, ("targets", targets))
+    _check_like("values", values, ("targets", targets))
     targets = targets.detach()
     unclipped = (values - targets) ** 2
     if clip_param is None:
         return 0.5 * unclipped.mean()
-    clip_param = check_positive_float("clip_param", clip_param)
+    clip_param = _positive("clip_param", clip_param)
     if old_values is None:
         raise ValueError("old_values must be given when clip_param is not None (value clipping)")
-    check_same_float("values", values, ("old_values", old_values))
+    _check_like("values", values, ("old_values", old_values))
     old_values = old_values.detach()
     clipped_values = old_values + (values - old_values).clamp(-clip_param, clip_param)
     clipped = (clipped_values - targets) ** 2
@@ -248,14 +263,15 @@ def adaptive_kl_coefficient(
     Returns:
         The new β as a Python float.
     """
-    coefficient = check_positive_float("coefficient", coefficient, allow_zero=True)
-    kl_target = check_positive_float("kl_target", kl_target)
+    coefficient = _positive("coefficient", coefficient, allow_zero=True)
+    kl_target = _positive("kl_target", kl_target)
     if isinstance(kl, Tensor):
         if kl.numel() != 1:
             raise ValueError(f"kl must be a scalar, got a tensor of shape {shape_tuple(kl)}")
         kl_value = float(kl.detach().item())
     else:
-        check_python_float("kl", kl, "a Python float or a one-element tensor")
+        if checks.DEBUG_CHECKS:
+            check_python_float("kl", kl, "a Python float or a one-element tensor")
         kl_value = float(kl)
     if kl_value > 2.0 * kl_target:
         return coefficient * 1.5

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from impactrl.ops import checks
 from impactrl.ops.checks import (
     check_same_device,
     check_shape_of,
@@ -72,10 +73,12 @@ def bootstrap_truncations(
     Returns:
         ``(rewards, discounts)``, each ``[T, B]`` with the dtype and device of ``rewards``.
     """
-    check_tensor_kind("rewards", rewards, "floating-point")
-    check_tensor_kind("truncation_values", truncation_values, "floating-point")
-    for name, x in (("terminated", terminated), ("truncated", truncated)):
-        check_tensor_kind(name, x, "bool")
+    debug = checks.DEBUG_CHECKS
+    if debug:
+        check_tensor_kind("rewards", rewards, "floating-point")
+        check_tensor_kind("truncation_values", truncation_values, "floating-point")
+        for name, x in (("terminated", terminated), ("truncated", truncated)):
+            check_tensor_kind(name, x, "bool")
     if rewards.dim() < 2:
         raise ValueError(
             f"rewards must be time-major [T, B] with rank >= 2, got shape {shape_tuple(rewards)}"
@@ -86,8 +89,10 @@ def bootstrap_truncations(
         ("truncation_values", truncation_values),
     ):
         check_shape_of(name, x, "rewards", rewards)
-        check_same_device(name, x, "rewards", rewards)
-    check_unit_interval("discount", discount)
+        if debug:
+            check_same_device(name, x, "rewards", rewards)
+    if debug:
+        check_unit_interval("discount", discount)
 
     done = terminated | truncated
     truncated_only = truncated & ~terminated
@@ -115,6 +120,8 @@ def discounted_returns(rewards: Tensor, discounts: Tensor, bootstrap_value: Tens
         ("discounts", discounts),
         ("bootstrap_value", bootstrap_value),
     ):
+        if not checks.DEBUG_CHECKS:
+            break
         check_tensor_kind(name, x, "floating-point")
         if x.dtype != rewards.dtype or x.device != rewards.device:
             raise ValueError(

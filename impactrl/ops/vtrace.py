@@ -79,6 +79,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from impactrl.ops import checks
 from impactrl.ops.checks import (
     check_float_tensor,
     check_has_time_steps,
@@ -128,8 +129,9 @@ def _validate_vtrace_inputs(
         ("values", values),
         ("bootstrap_value", bootstrap_value),
     ]
-    for name, x in named:
-        check_float_tensor(name, x)
+    if checks.DEBUG_CHECKS:
+        for name, x in named:
+            check_float_tensor(name, x)
 
     check_time_major("values", values)
     rank = values.dim()
@@ -149,6 +151,8 @@ def _validate_vtrace_inputs(
     check_has_time_steps("values", values)
     for name, x in (("log_rhos", log_rhos), ("discounts", discounts)):
         check_per_step(name, x, "values", values)
+    if not checks.DEBUG_CHECKS:
+        return
     for name, x in named:
         check_same_dtype(name, x, "values", values)
         check_same_device(name, x, "values", values)
