@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from impactrl.runtime.local import LOCK_STUCK_S, SharedWeights, WeightsUnreadable
+from impactrl.runtime.local import SharedWeights, WeightsUnreadable
 
 
 def make_agent() -> torch.nn.Module:
@@ -115,6 +115,6 @@ def test_a_reader_killed_inside_the_lock_blocks_the_learner_only_briefly():
     fill(agent, 3)
     began = time.monotonic()
     weights.publish(agent, 3)
-    assert time.monotonic() - began < LOCK_STUCK_S + 2.0
+    assert time.monotonic() - began < 1.0
     reader = make_agent()
     assert weights.load_into(reader)[0] == 3 and values_of(reader) == [3.0]

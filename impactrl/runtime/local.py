@@ -60,9 +60,10 @@ class WeightsUnreadable(RuntimeError):
     """An actor lost the race against the learner's publications for ``give_up_s`` in a row."""
 
 
-# Nobody holds SharedWeights' lock for more than a few integer reads and writes: held this long,
-# its holder is gone (or stopped) and the learner takes it back.
-LOCK_STUCK_S = 2.0
+# Nobody holds SharedWeights' lock for more than a few integer reads and writes: held this long
+# by a process that is gone (or by none recorded yet, twice as long), the learner takes it back;
+# held LOCK_ABANDONED_S by a live one (stopped, say), too.
+LOCK_STUCK_S = 0.25
 LOCK_ABANDONED_S = 30.0
 READ_GIVE_UP_S = 60.0
 
@@ -97,6 +98,7 @@ class SharedWeights:
       the lock keep sending heartbeats and stop once the learner is gone (``attach``);
     - an actor killed inside a section (a few microseconds of its life): the learner, finding the
       lock held past LOCK_STUCK_S while its holder is gone (or past LOCK_ABANDONED_S), releases it.
+      (A live holder that was wrongly let go finds the lock released twice and fails; it is restarted.)
 
     A reader loses a race only when two publications begin during its copy; it retries, sending
     heartbeats, and raises WeightsUnreadable after ``give_up_s`` of losing in a row.
@@ -130,12 +132,13 @@ class SharedWeights:
     @contextlib.contextmanager
     def _section(self, publisher: bool) -> Iterator[None]:
         began = time.monotonic()
-        while not self._lock.acquire(timeout=0.1):
+        while not self._lock.acquire(timeout=0.05):
             self._heartbeat()
             if self._should_stop():
                 raise Stopping
-            held = time.monotonic() - began
-            if publisher and (held > LOCK_ABANDONED_S or (held > LOCK_STUCK_S and process_gone(self._holder.value))):
+            held, holder = time.monotonic() - began, self._holder.value
+            gone = process_gone(holder) if holder else held > 2 * LOCK_STUCK_S
+            if publisher and (held > LOCK_ABANDONED_S or (held > LOCK_STUCK_S and gone)):
                 with contextlib.suppress(ValueError):  # its holder let go meanwhile
                     self._lock.release()
         self._holder.value = os.getpid()
@@ -196,9 +199,7 @@ class SharedWeights:
 
 
 def process_gone(pid: int) -> bool:
-    """Whether ``pid`` no longer runs (exited, a zombie); True for 0, no process."""
-    if pid <= 0:
-        return True
+    """Whether ``pid`` no longer runs (exited, a zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat[stat.rindex(")") + 2] in "ZXx"
