@@ -41,6 +41,8 @@ __all__ = [
     "check_shape_of_step",
     "per_step_mismatch",
     "check_per_step",
+    "debug_check_floats",
+    "debug_check_like_values",
     "check_python_float",
     "check_unit_interval",
     "check_threshold",
@@ -250,6 +252,23 @@ def check_per_step(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
     reason = per_step_mismatch(name, x, ref_name, ref)
     if reason is not None:
         raise ValueError(reason)
+
+
+def debug_check_floats(named: list[tuple[str, object]]) -> None:
+    """With debug checks: each ``(name, x)`` of ``named`` is a floating-point tensor."""
+    if DEBUG_CHECKS:
+        for name, x in named:
+            check_float_tensor(name, x)
+
+
+def debug_check_like_values(named: list[tuple[str, Tensor]], values: Tensor, lambda_: float) -> None:
+    """With debug checks, for the time-major ops (V-trace, GAE): each of ``named`` has the dtype
+    and device of ``values``, and λ is in [0, 1]."""
+    if DEBUG_CHECKS:
+        for name, x in named:
+            check_same_dtype(name, x, "values", values)
+            check_same_device(name, x, "values", values)
+        check_unit_interval("lambda_", lambda_)
 
 
 # --------------------------------------------------------------------------------------------

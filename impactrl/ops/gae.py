@@ -49,17 +49,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from impactrl.ops import checks
 from impactrl.ops.checks import (
-    check_float_tensor,
     check_has_time_steps,
     check_per_step,
-    check_same_device,
-    check_same_dtype,
     check_shape_of,
     check_shape_of_step,
     check_time_major,
-    check_unit_interval,
+    debug_check_floats,
+    debug_check_like_values,
 )
 
 __all__ = ["GAEReturns", "generalized_advantage_estimation"]
@@ -87,21 +84,13 @@ def _validate_gae_inputs(
         ("bootstrap_value", bootstrap_value),
         ("discounts", discounts),
     ]
-    if checks.DEBUG_CHECKS:
-        for name, x in named:
-            check_float_tensor(name, x)
-
+    debug_check_floats(named)
     check_time_major("values", values)
     check_has_time_steps("values", values)
     check_shape_of("rewards", rewards, "values", values)
     check_shape_of_step("bootstrap_value", bootstrap_value, "values", values)
     check_per_step("discounts", discounts, "values", values)
-    if not checks.DEBUG_CHECKS:
-        return
-    for name, x in named:
-        check_same_dtype(name, x, "values", values)
-        check_same_device(name, x, "values", values)
-    check_unit_interval("lambda_", lambda_)
+    debug_check_like_values(named, values, lambda_)
 
 
 def generalized_advantage_estimation(

@@ -81,16 +81,14 @@ from torch import Tensor
 
 from impactrl.ops import checks
 from impactrl.ops.checks import (
-    check_float_tensor,
     check_has_time_steps,
     check_per_step,
-    check_same_device,
-    check_same_dtype,
     check_shape_of,
     check_shape_of_step,
     check_threshold,
     check_time_major,
-    check_unit_interval,
+    debug_check_floats,
+    debug_check_like_values,
     shape_tuple,
 )
 
@@ -129,10 +127,7 @@ def _validate_vtrace_inputs(
         ("values", values),
         ("bootstrap_value", bootstrap_value),
     ]
-    if checks.DEBUG_CHECKS:
-        for name, x in named:
-            check_float_tensor(name, x)
-
+    debug_check_floats(named)
     check_time_major("values", values)
     rank = values.dim()
     if log_rhos.dim() != discounts.dim():
@@ -151,16 +146,11 @@ def _validate_vtrace_inputs(
     check_has_time_steps("values", values)
     for name, x in (("log_rhos", log_rhos), ("discounts", discounts)):
         check_per_step(name, x, "values", values)
-    if not checks.DEBUG_CHECKS:
-        return
-    for name, x in named:
-        check_same_dtype(name, x, "values", values)
-        check_same_device(name, x, "values", values)
-
-    check_threshold("clip_rho_threshold", clip_rho_threshold)
-    check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
-    check_threshold("clip_c_threshold", clip_c_threshold)
-    check_unit_interval("lambda_", lambda_)
+    debug_check_like_values(named, values, lambda_)
+    if checks.DEBUG_CHECKS:
+        check_threshold("clip_rho_threshold", clip_rho_threshold)
+        check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
+        check_threshold("clip_c_threshold", clip_c_threshold)
 
 
 # --------------------------------------------------------------------------------------------
