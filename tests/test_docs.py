@@ -7,6 +7,7 @@ GAME; ``[--flag value]`` is an option the reader may add. Commands that continue
 in the prose (often sketches: ``impactrl bench --env ENV``) are checked for their flags only.
 """
 
+import importlib
 import re
 import shlex
 import subprocess
@@ -107,3 +108,26 @@ def test_every_cited_section_of_the_algorithms_page_exists():
                 for anchor in re.findall(r"algorithms\.md#([a-z0-9-]+)", path.read_text()):
                     cited.setdefault(anchor, path)
     assert cited and {anchor: str(path) for anchor, path in cited.items() if anchor not in anchors} == {}
+
+
+def test_the_design_pages_trace_of_an_unroll_names_the_code():
+    """docs/design.md traces one unroll from actor to update in at most ten hops, each naming the code as
+    `impactrl/path.py: Name.attribute`; every such name must resolve, so the trace stays true."""
+    page = (ROOT / "docs" / "design.md").read_text()
+    section = page.split("\n## One unroll, from actor to update\n", 1)[1].split("\n## ", 1)[0]
+    hops = re.findall(r"^\d+\. \*\*", section, re.M)
+    names = re.findall(r"`(impactrl/[\w/]+)\.py: ([\w.]+)`", section)
+    assert 0 < len(hops) <= 10 and len(names) >= len(hops)
+    missing = []
+    for path, name in names:
+        try:
+            target = importlib.import_module(path.replace("/", "."))
+        except ImportError as error:
+            if error.name == "ray":  # the Ray runtime's modules need the optional extra
+                continue
+            raise
+        for part in name.split("."):
+            target = getattr(target, part, None)
+        if target is None:
+            missing.append(f"{path}.py: {name}")
+    assert missing == []
