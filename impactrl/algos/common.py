@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch, core_state
 from impactrl.models import Agent, AgentInput, AgentOutput
-from impactrl.ops.returns import bootstrap_truncations
+from impactrl.ops.returns import bootstrap_truncations, explained_variance
 from impactrl.ops.vtrace import VTraceReturns, vtrace_from_importance_weights
 
 
@@ -16,6 +18,35 @@ def agent_outputs(agent: Agent, batch: Batch) -> AgentOutput:
     inputs = AgentInput(batch["obs"], batch["prev_action"], batch["prev_reward"], batch["first"], batch["task"])
     output, _ = agent(inputs, core_state(batch))
     return output
+
+
+class OnlinePass(NamedTuple):
+    """The learner's agent over a batch: its output; at x_0 … x_{T−1} the policy, V(x_t) and
+    log π_θ(a_t|x_t); and V(x_T)."""
+
+    output: AgentOutput
+    policy: torch.Tensor
+    values: torch.Tensor
+    log_prob: torch.Tensor
+    bootstrap_value: torch.Tensor
+
+
+def online_pass(agent: Agent, batch: Batch) -> OnlinePass:
+    output = agent_outputs(agent, batch)
+    policy = output.policy[:-1]
+    return OnlinePass(output, policy, output.value[:-1], agent.policy_head.log_prob(policy, batch["action"]),
+                      output.value[-1])
+
+
+def value_stats(values: torch.Tensor, vtrace: VTraceReturns) -> dict[str, torch.Tensor]:
+    """How V(x_t) compares with its V-trace targets, for the metrics."""
+    return {"value/mean": values.mean(), "value/target_mean": vtrace.vs.mean(),
+            "value/explained_variance": explained_variance(values, vtrace.vs)}
+
+
+def popart_targets(config: TrainConfig, batch: Batch, vtrace: VTraceReturns) -> tuple[torch.Tensor, ...] | None:
+    """With PopArt, the V-trace targets and their tasks, which the statistics move to after the update."""
+    return (vtrace.vs, batch["task"][:-1]) if config.popart else None
 
 
 def rewards_and_discounts(config: TrainConfig, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,11 +18,10 @@ import copy
 import torch
 
 from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
-from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
+from impactrl.algos.common import agent_outputs, loss_terms, online_pass, popart_targets, value_stats, vtrace_targets
 from impactrl.config import TrainConfig
 from impactrl.data.circular_buffer import CircularBuffer
 from impactrl.data.rollout import Batch
-from impactrl.ops.returns import explained_variance
 from impactrl.models import Agent
 from impactrl.ops.policy_losses import adaptive_kl_coefficient, impact_surrogate, value_loss
 
@@ -110,7 +109,7 @@ class Impact(Algorithm):
         stats = super().after_update(updates, extras)
         if extras.kl is not None:
             self.kl_sum += extras.kl
-        if self.target is not None and updates - self.updates_at_refresh >= self.config.target_update_period:
+        if self.target is not None and updates - self.updates_at_refresh >= self.config.effective_target_update_period:
             if self.config.use_kl_loss:
                 # Once per target period, on the period's mean KL: adapting after every SGD step
                 # halves β while π_θ is still close to a fresh target, and β = 0 never recovers.
@@ -134,9 +133,7 @@ class Impact(Algorithm):
     def loss(self, batch: Batch) -> LossResult:
         c = self.config
         head = self.agent.policy_head
-        output = agent_outputs(self.agent, batch)
-        policy, values, bootstrap_value = output.policy[:-1], output.value[:-1], output.value[-1]
-        log_prob = head.log_prob(policy, batch["action"])
+        output, policy, values, log_prob, bootstrap_value = online_pass(self.agent, batch)
         behaviour_log_prob = batch["behaviour_log_prob"]
         if self.target is None:
             target_policy, target_log_prob = None, behaviour_log_prob
@@ -166,13 +163,11 @@ class Impact(Algorithm):
             "loss/policy": surrogate,
             "loss/baseline": baseline_loss,
             "loss/entropy": entropy,
-            "value/mean": values.mean(),
-            "value/target_mean": vtrace.vs.mean(),
-            "value/explained_variance": explained_variance(values, vtrace.vs),
+            **value_stats(values, vtrace),
         })
         floats = to_floats(stats)  # the KL with the rest: no sync of its own on an accelerator
         return LossResult(loss, floats, LossExtras(
-            value_targets=(vtrace.vs, batch["task"][:-1]) if c.popart else None,
+            value_targets=popart_targets(c, batch, vtrace),
             kl=floats["impact/kl_target_online"] if target_policy is not None else None))
 
     def state_dict(self) -> dict:

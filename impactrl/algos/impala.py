@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 
 from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
-from impactrl.algos.common import agent_outputs, loss_terms, vtrace_targets
+from impactrl.algos.common import loss_terms, online_pass, popart_targets, value_stats, vtrace_targets
 from impactrl.data.rollout import Batch
-from impactrl.ops.returns import explained_variance
 
 # π/μ outside [1/10, 10]: the policies disagree, whatever ρ̄ clips (at ρ̄ = 1 half the steps are clipped on-policy).
 EXTREME_LOG_RHO = math.log(10.0)
@@ -23,10 +22,7 @@ class Impala(Algorithm):
     def loss(self, batch: Batch) -> LossResult:
         c = self.config
         head = self.agent.policy_head
-        output = agent_outputs(self.agent, batch)
-        policy, values, bootstrap_value = output.policy[:-1], output.value[:-1], output.value[-1]
-
-        log_prob = head.log_prob(policy, batch["action"])
+        output, policy, values, log_prob, bootstrap_value = online_pass(self.agent, batch)
         log_rhos = log_prob.detach() - batch["behaviour_log_prob"]
         vtrace = vtrace_targets(c, batch, log_rhos, values, bootstrap_value)
         loss_values, targets, advantages = loss_terms(self.agent, batch, output, vtrace)
@@ -44,9 +40,6 @@ class Impala(Algorithm):
             "vtrace/rho_mean": rhos.mean(),
             "vtrace/rho_clipped_fraction": clipped,
             "vtrace/rho_extreme_fraction": (log_rhos.abs() > EXTREME_LOG_RHO).float().mean(),
-            "value/mean": values.mean(),
-            "value/target_mean": vtrace.vs.mean(),
-            "value/explained_variance": explained_variance(values, vtrace.vs),
+            **value_stats(values, vtrace),
         }
-        return LossResult(loss, to_floats(stats),
-                          LossExtras(value_targets=(vtrace.vs, batch["task"][:-1]) if c.popart else None))
+        return LossResult(loss, to_floats(stats), LossExtras(value_targets=popart_targets(c, batch, vtrace)))
