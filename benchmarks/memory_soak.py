@@ -27,7 +27,7 @@ SCENARIOS = {
     "slow_learner": ["--algo", "impala", "--env", "CartPole-v1", "--num-actors", "2", "--hidden-sizes", "1024", "1024",
                      "--learner-threads", "1"],
     "slow_actors": ["--algo", "impala", "--env", "Hopper-v5", "--num-actors", "1", "--envs-per-actor", "1",
-                    "--batch-size", "16", "--unroll-length", "64"],
+                    "--unrolls-per-batch", "16", "--unroll-length", "64"],
 }
 
 

@@ -1,7 +1,7 @@
 """Claim (6): policy lag makes the value error worse (the IMPALA document: above 5 versions, about
 3x worse on Pong).
 
-    python experiments/lag.py --out runs/lag [--env MinAtar/Breakout-v1] [--queue-slots 3,6,12,24,48]
+    python experiments/lag.py --out runs/lag [--env MinAtar/Breakout-v1] [--rollout-slots 3,6,12,24,48]
         [--seeds 1,2,3] [--steps 1000000]
 
 The lag is controlled by the depth of the rollout queue: with the learner the slower side (as on
@@ -40,12 +40,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/lag"))
     parser.add_argument("--env", default="MinAtar/Breakout-v1")
-    parser.add_argument("--queue-slots", default="3,6,12,24,48")
+    parser.add_argument("--rollout-slots", "--queue-slots", dest="rollout_slots", default="3,6,12,24,48",
+                        help="the depths: rollout slots of each run (--queue-slots: their old name)")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--episodes", type=int, default=100, help="evaluation episodes per run (default 100)")
     args = parser.parse_args()
-    depths = [int(depth) for depth in args.queue_slots.split(",")]
+    depths = [int(depth) for depth in args.rollout_slots.split(",")]
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -53,7 +54,7 @@ def main() -> None:
         for seed in seeds:
             run_dir = args.out / f"slots{depth}-s{seed}"
             train(run_dir, args.steps, ["--algo", "impala", "--env", args.env, "--seed", str(seed), "--num-actors", "2",
-                                        "--queue-slots", str(depth)])
+                                        "--rollout-slots", str(depth)])
             values = second_half_means(read_records(run_dir), args.steps)
             evaluation = evaluate(run_dir, args.episodes)
             values.update({key: evaluation[key] for key in EVALUATED})
@@ -86,7 +87,7 @@ def main() -> None:
         ax.set_xlabel("policy lag (versions, mean over the second half)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    figure.suptitle(f"IMPALA on {args.env}: value error against policy lag (queue depths {args.queue_slots})")
+    figure.suptitle(f"IMPALA on {args.env}: value error against policy lag (queue depths {args.rollout_slots})")
     figure.tight_layout()
     figure.savefig(args.out / "lag.png")
     print(args.out / "lag.png")

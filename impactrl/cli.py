@@ -220,7 +220,7 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError(f"rollout data would need {needed / 2**30:.1f} GiB ({config.num_slots} slots of "
                         f"{slot_bytes / 2**20:.1f} MiB plus {batches_held} batches in the learner), more than 80% of "
                         f"the {available / 2**30:.1f} GiB available: lower --unroll-length, --envs-per-actor, "
-                        "--batch-size or --queue-slots")
+                        "--unrolls-per-batch or --rollout-slots")
     actors_here = config.runtime == "local" or config.ray_address is None  # processes on this machine
     if actors_here and available is not None:
         actor_bytes = ACTOR_MEMORY_MIB[family] * 2**20

@@ -136,7 +136,7 @@ def policy_lag_high(records: Records, config: TrainConfig) -> Finding | None:
                    "importance weights are far from 1",
                    "stale data: in docs/results.md's lag study (MinAtar Breakout) a lag of 22 to 47 versions cost "
                    "18-30% of the training return (the value error against real returns did not change)",
-                   "fewer unrolls in flight (--queue-slots, fewer --num-actors), a larger --batch-size, "
+                   "fewer unrolls in flight (--rollout-slots, fewer --num-actors), a larger --unrolls-per-batch, "
                    f"or drop stale unrolls with --max-policy-lag {LAG_LIMIT}")
 
 
@@ -154,7 +154,7 @@ def importance_weights_exploding(records: Records, config: TrainConfig) -> Findi
     return Finding("importance_weights_exploding", seen,
                    "the learner's policy is far from the one that acted, so the V-trace targets and policy "
                    "gradient have high variance", "a lower ρ̄ (--clip-rho-threshold, now "
-                   f"{config.clip_rho_threshold}), a larger --batch-size, or a lower --learning-rate")
+                   f"{config.clip_rho_threshold}), a larger --unrolls-per-batch, or a lower --learning-rate")
 
 
 @rule
@@ -269,10 +269,10 @@ def returns_fell(records: Records, config: TrainConfig, reward_threshold: float 
                     f"{config.update_epochs})")
     elif config.algo == "impact":
         steadier = (f"a smaller --clip-param (now {config.clip_param}), fewer --buffer-uses (now "
-                    f"{config.buffer_uses}), a larger --batch-size (now {config.batch_size})")
+                    f"{config.buffer_uses}), a larger --unrolls-per-batch (now {config.unrolls_per_batch})")
     else:
-        steadier = (f"a lower ρ̄ (--clip-rho-threshold, now {config.clip_rho_threshold}), a larger --batch-size "
-                    f"(now {config.batch_size})")
+        steadier = (f"a lower ρ̄ (--clip-rho-threshold, now {config.clip_rho_threshold}), a larger --unrolls-per-batch "
+                    f"(now {config.unrolls_per_batch})")
     return Finding("returns_fell",
                    f"the mean return rose from {start.mean:.2f} to {best.mean:.2f} (the {best.episodes} episodes "
                    f"to {best.env_steps:,} env steps) and fell back to {recent.mean:.2f} (the last "

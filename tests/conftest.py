@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 # Quick settings for end-to-end runs in tests: tiny budgets, frequent logs and checkpoints.
-FAST = ["--num-actors", "2", "--envs-per-actor", "4", "--batch-size", "8", "--log-interval-s", "0.5"]
+FAST = ["--num-actors", "2", "--envs-per-actor", "4", "--unrolls-per-batch", "8", "--log-interval-s", "0.5"]
 
 
 def run_cli(*args: str, timeout: float = 300, check: bool = False, extra_path: str | None = None

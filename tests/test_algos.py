@@ -11,7 +11,7 @@ from impactrl.algos import make_algorithm
 from impactrl.config import TrainConfig
 from impactrl.training import build_learner
 
-IMPACT = TrainConfig(algo="impact", env="CartPole-v1", envs_per_actor=4, batch_size=4, unroll_length=10,
+IMPACT = TrainConfig(algo="impact", env="CartPole-v1", envs_per_actor=4, unrolls_per_batch=4, unroll_length=10,
                      optimizer="adam", learning_rate=1e-3, buffer_batches=2, buffer_uses=3,
                      normalize_advantages=False)
 
@@ -19,7 +19,7 @@ IMPACT = TrainConfig(algo="impact", env="CartPole-v1", envs_per_actor=4, batch_s
 def test_impact_takes_k_steps_per_batch_and_refreshes_target_on_cadence():
     learner, batches = collect(IMPACT, slots=6)
     algorithm = learner.algorithm
-    assert IMPACT.target_update_period == 2 * 2 * 3
+    assert IMPACT.effective_target_update_period == 2 * 2 * 3
     updates = 0
     refreshes_seen = []
     for batch in batches:
@@ -155,7 +155,7 @@ def test_impact_with_lstm_and_episode_ends_trains_with_k_above_one():
 
 
 def test_ppo_minibatches_cover_the_batch_each_epoch_and_publish_at_the_end():
-    config = TrainConfig(algo="ppo", env="CartPole-v1", num_actors=1, envs_per_actor=4, batch_size=4,
+    config = TrainConfig(algo="ppo", env="CartPole-v1", num_actors=1, envs_per_actor=4, unrolls_per_batch=4,
                          unroll_length=16, update_epochs=3, num_minibatches=4, optimizer="adam")
     learner, batches = collect(config, slots=1)
     algorithm = learner.algorithm
@@ -170,12 +170,12 @@ def test_ppo_minibatches_cover_the_batch_each_epoch_and_publish_at_the_end():
 def test_make_algorithm_knows_every_algo():
     for algo in ("impala", "impact", "ppo"):
         learner, _ = collect(TrainConfig(algo=algo, env="CartPole-v1", num_actors=1, envs_per_actor=2,
-                                         batch_size=2, unroll_length=4, num_minibatches=2), slots=0)
+                                         unrolls_per_batch=2, unroll_length=4, num_minibatches=2), slots=0)
         assert type(make_algorithm(learner.config, learner.agent)).__name__.lower() == algo
 
 
 def test_observation_statistics_move_after_the_batch_is_used_and_ppo_starts_at_ratio_one():
-    config = TrainConfig(algo="ppo", env="Pendulum-v1", num_actors=1, envs_per_actor=2, batch_size=2,
+    config = TrainConfig(algo="ppo", env="Pendulum-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2,
                          unroll_length=32, update_epochs=2, num_minibatches=2, optimizer="adam",
                          normalize_observations=True, separate_value_network=True)
     learner, batches = collect(config, slots=1)
@@ -192,7 +192,7 @@ def test_observation_statistics_move_after_the_batch_is_used_and_ppo_starts_at_r
 
 def test_kl_coefficient_adapts_once_per_target_period():
     config = dataclasses.replace(IMPACT, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, buffer_batches=1,
-                                 buffer_uses=2, target_update_interval=3)
+                                 buffer_uses=2, target_update_period=3)
     learner, batches = collect(config, slots=3)
     coefficients = []
     for batch in batches:

@@ -16,15 +16,15 @@ from impactrl.training import build_learner
 
 CONFIGS = {
     # IMPACT with a buffer of 2 batches used 3 times, the adaptive KL, and both normalisers.
-    "impact": TrainConfig(algo="impact", env="CartPole-v1", num_actors=2, envs_per_actor=4, batch_size=4,
+    "impact": TrainConfig(algo="impact", env="CartPole-v1", num_actors=2, envs_per_actor=4, unrolls_per_batch=4,
                           unroll_length=10, buffer_batches=2, buffer_uses=3, optimizer="adam", use_kl_loss=True,
                           normalize_observations=True, normalize_rewards=True),
     # PPO stopped between two minibatches of its second epoch.
-    "ppo": TrainConfig(algo="ppo", env="CartPole-v1", num_actors=1, envs_per_actor=4, batch_size=4,
+    "ppo": TrainConfig(algo="ppo", env="CartPole-v1", num_actors=1, envs_per_actor=4, unrolls_per_batch=4,
                        unroll_length=16, update_epochs=2, num_minibatches=4, normalize_observations=True,
                        normalize_rewards=True),
     # IMPALA with an LSTM core.
-    "impala": TrainConfig(algo="impala", env="CartPole-v1", num_actors=1, envs_per_actor=4, batch_size=4,
+    "impala": TrainConfig(algo="impala", env="CartPole-v1", num_actors=1, envs_per_actor=4, unrolls_per_batch=4,
                           unroll_length=10, use_lstm=True, lstm_size=32),
 }
 

@@ -26,7 +26,7 @@ def test_unknown_env_id(run_dir: Path):
 @pytest.mark.parametrize("flag, value, message", [
     ("--num-actors", "0", "num_actors must be >= 1, got 0"),
     ("--unroll-length", "-3", "unroll_length must be >= 1, got -3"),
-    ("--batch-size", "0", "batch_size must be >= 1, got 0"),
+    ("--unrolls-per-batch", "0", "unrolls_per_batch must be >= 1, got 0"),
     ("--total-env-steps", "0", "total_env_steps must be >= 1, got 0"),
     ("--learning-rate", "-1", "learning_rate must be > 0"),
 ])
@@ -52,8 +52,8 @@ def test_all_problems_reported_at_once(run_dir: Path):
 
 
 def test_batch_not_multiple_of_envs(run_dir: Path):
-    result = run_cli("train", "--envs-per-actor", "8", "--batch-size", "12", "--out", str(run_dir))
-    assert_one_line_error(result, "batch_size=12 must be a multiple of envs_per_actor=8")
+    result = run_cli("train", "--envs-per-actor", "8", "--unrolls-per-batch", "12", "--out", str(run_dir))
+    assert_one_line_error(result, "unrolls_per_batch=12 must be a multiple of envs_per_actor=8")
 
 
 MULTI_DISCRETE_ENV = """

@@ -98,10 +98,10 @@ def test_returns_that_rose_and_fell_back_unless_by_noise_or_solved():
     rise = [10.0 + 10 * i for i in range(20)]  # blocks of 15, 35, ... 195
     finding = fired(run(rise + [120.0] * 4))["returns_fell"]
     assert "from 15.00 to 195.00 (the 100 episodes to 200,000 env steps) and fell back to 120.00" in finding.seen
-    assert "--clip-rho-threshold" in finding.change and "--batch-size" in finding.change
+    assert "--clip-rho-threshold" in finding.change and "--unrolls-per-batch" in finding.change
     assert "returns_fell" not in fired(run(rise + [120.0] * 4), reward_threshold=100.0)
     ppo = fired(run(rise + [120.0] * 4), dataclasses.replace(CONFIG, algo="ppo"))["returns_fell"]
-    assert "--clip-param" in ppo.change and "--batch-size" not in ppo.change
+    assert "--clip-param" in ppo.change and "--unrolls-per-batch" not in ppo.change
     impact = fired(run(rise + [120.0] * 4), dataclasses.replace(CONFIG, algo="impact"))["returns_fell"]
     assert "--clip-param" in impact.change and "--buffer-uses" in impact.change and "--clip-rho" not in impact.change
     assert "returns_fell" not in fired(run(rise + [160.0] * 4))  # less than a quarter of the rise
@@ -153,7 +153,7 @@ def test_live_checks_wait_for_the_warm_up_and_do_not_repeat():
 @pytest.mark.slow
 def test_diagnose_names_the_starved_learner_of_a_real_run(run_dir):
     # One env feeding batches of 8 unrolls: the learner waits for data nearly all the time.
-    run_cli("train", "--env", "CartPole-v1", "--num-actors", "1", "--envs-per-actor", "1", "--batch-size", "8",
+    run_cli("train", "--env", "CartPole-v1", "--num-actors", "1", "--envs-per-actor", "1", "--unrolls-per-batch", "8",
             "--total-env-steps", "20000", "--log-interval-s", "1", "--out", str(run_dir), check=True)
     result = run_cli("diagnose", str(run_dir), check=True)
     assert "[learner_starved] the learner waited for data" in result.stdout and "--num-actors" in result.stdout

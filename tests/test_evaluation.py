@@ -68,7 +68,7 @@ def test_truncated_episodes_bootstrap_from_their_final_value():
 @pytest.mark.slow
 def test_eval_plays_atari_with_no_op_starts_and_the_sticky_actions_asked_for(tmp_path):
     run_dir = tmp_path / "pong"
-    run_cli("train", "--env", "ALE/Pong-v5", "--num-actors", "1", "--envs-per-actor", "2", "--batch-size", "2",
+    run_cli("train", "--env", "ALE/Pong-v5", "--num-actors", "1", "--envs-per-actor", "2", "--unrolls-per-batch", "2",
             "--max-episode-steps", "30", "--sticky-action-prob", "0", "--total-env-steps", "400", "--out", str(run_dir),
             check=True)
     result = json.loads(run_cli("eval", str(run_dir), "--episodes", "2", "--num-envs", "2", "--sticky-action-prob",

@@ -24,7 +24,7 @@ from test_runtime import read_metrics
 
 # Breakout: 4 channels, 3 actions; Seaquest: 10 channels, 6 actions.
 TWO_TASKS = TrainConfig(algo="impala", env="MinAtar/Breakout-v1,MinAtar/Seaquest-v1", num_actors=1, envs_per_actor=4,
-                        batch_size=4, unroll_length=12, popart=True, popart_beta=0.3, seed=3)
+                        unrolls_per_batch=4, unroll_length=12, popart=True, popart_beta=0.3, seed=3)
 
 
 # ------------------------------------------------------------------------------------ ops
@@ -173,7 +173,7 @@ def test_a_mixed_batch_of_two_tasks_trains_and_popart_survives_a_checkpoint(algo
 
 @pytest.mark.slow
 def test_train_eval_and_plot_a_suite_with_popart(run_dir):
-    run_cli("train", "--env", "minatar", "--popart", "--num-actors", "2", "--envs-per-actor", "5", "--batch-size", "10",
+    run_cli("train", "--env", "minatar", "--popart", "--num-actors", "2", "--envs-per-actor", "5", "--unrolls-per-batch", "10",
             "--total-env-steps", "12000", "--log-interval-s", "1", "--out", str(run_dir), check=True)
     records = read_metrics(run_dir)
     last = records[-1]

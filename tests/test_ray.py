@@ -104,7 +104,7 @@ def test_ppo_gets_every_version_it_waits_for_also_as_deltas(run_dir: Path):
     """Synchronous: each batch is acted with the weights trained on the one before, so the lag is 0,
     also when the weights travel as lossless deltas (each actor rebuilds every publication)."""
     run_cli("train", "--runtime", "ray", "--algo", "ppo", "--env", "CartPole-v1", "--total-env-steps", "6000",
-            "--num-actors", "2", "--envs-per-actor", "4", "--batch-size", "8", "--unroll-length", "32",
+            "--num-actors", "2", "--envs-per-actor", "4", "--unrolls-per-batch", "8", "--unroll-length", "32",
             "--num-minibatches", "4", "--update-epochs", "2", "--log-interval-s", "0.5", "--out", str(run_dir),
             "--weight-delta", "lossless", check=True)
     records = read_metrics(run_dir)

@@ -104,7 +104,7 @@ def test_deduplicated_frames_rebuild_the_actors_stacks_bit_for_bit(backend):
     """Real Atari envs, episodes cut every 7 steps and lives lost (episodic life), so unrolls hold
     resets and irregular stacks; the learner's rebuilt observations equal what the agent saw."""
     config = TrainConfig(env="ALE/Breakout-v5", envs_per_actor=3, unroll_length=20, max_episode_steps=7,
-                         env_backend=backend, batch_size=3)
+                         env_backend=backend, unrolls_per_batch=3)
     learner, spec = build_learner(config, None)
     assert spec.frame_stack == 4 and data_bytes(spec) * 2.9 < data_bytes(dataclasses.replace(spec, frame_stack=1))
     actor = Actor(config, actor_id=0)
@@ -148,8 +148,8 @@ def test_pinned_assembled_batches_reach_the_device_intact():
 
 def test_full_slots_make_actors_wait():
     """With nobody consuming, an actor fills every slot it owns and then blocks: memory stays bounded."""
-    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2, unroll_length=5,
-                         queue_slots=3)
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2, unroll_length=5,
+                         rollout_slots=3)
     learner, spec = build_learner(config, None)
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.num_slots, shared=True)
@@ -299,7 +299,7 @@ def test_bench_with_synthetic_actors_loads_the_intake_alone():
     """Simulated actors replay recorded Pong unrolls, several per process; without learning the
     learner receives, assembles and publishes, and the JSON says what was measured."""
     result = run_cli("bench", "--env", "ALE/Pong-v5", "--env-backend", "envpool", "--envs-per-actor", "2",
-                     "--batch-size", "4", "--synthetic-actors", "3", "--actors-per-process", "2", "--no-learning",
+                     "--unrolls-per-batch", "4", "--synthetic-actors", "3", "--actors-per-process", "2", "--no-learning",
                      "--json", "--seconds", "20", "--warmup-seconds", "3", "--log-interval-s", "0.5", check=True)
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1  # --json: the object alone
@@ -381,7 +381,7 @@ class ReplayedUnroll:
 
 
 def test_the_learner_publishes_at_most_every_publish_interval_updates(tmp_path: Path):
-    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2, unroll_length=5,
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2, unroll_length=5,
                          publish_interval=4, log_interval_s=1e9, checkpoint_interval_s=1e9)
     learner, spec = build_learner(config, None)
     weights = SharedWeights(learner.agent, mp.get_context("spawn"))
@@ -399,7 +399,7 @@ def test_the_learner_publishes_at_most_every_publish_interval_updates(tmp_path: 
 
 def test_impact_trains_every_held_use_of_its_buffer_before_the_run_ends(tmp_path: Path):
     """Budget spent with three batches in a buffer of four places: each is still used K times."""
-    config = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2, batch_size=2,
+    config = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2,
                          unroll_length=5, buffer_batches=4, buffer_uses=2, total_env_steps=3 * 2 * 5,
                          log_interval_s=1e9, checkpoint_interval_s=1e9)
     learner, spec = build_learner(config, None)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_cli
 from impactrl.cli import main, resolve_train_config
-from impactrl.config import RENAMED, TrainConfig, bound_problems, coerce
+from impactrl.config import RENAMED, TrainConfig, bound_problems, coerce, to_yaml
 from impactrl.config.bounds import bound_of
 from impactrl.errors import UserError
 from impactrl.training import build_learner
@@ -36,7 +36,7 @@ def test_flags_still_override_the_family_preset():
 @pytest.mark.parametrize("env", ["CartPole-v1", "Hopper-v5"])
 def test_ppo_batch_is_every_actors_unroll(env):
     config = resolve_train_config(["--algo", "ppo", "--env", env, "--num-actors", "4"]).config
-    assert config.unrolls_per_batch == 4 * config.envs_per_actor
+    assert config.effective_unrolls_per_batch == 4 * config.envs_per_actor
     assert config.steps_per_batch == 4 * config.envs_per_actor * config.unroll_length
 
 
@@ -136,3 +136,42 @@ def test_an_old_setting_name_still_works_with_one_warning(tmp_path: Path, capsys
     with pytest.raises(UserError, match="lr and learning_rate are one setting"):
         resolve_train_config(["--config", str(config_file)])
     assert coerce({"lr": 0.5}, "a saved run") == {"learning_rate": 0.5} and capsys.readouterr().err == ""
+
+
+def test_the_renamed_settings_take_their_old_names_by_flag_yaml_resume_and_api(tmp_path: Path, capsys):
+    """batch_size -> unrolls_per_batch, queue_slots -> rollout_slots, target_update_interval -> target_update_period."""
+    config = resolve_train_config(["--algo", "impact", "--batch-size", "16", "--queue-slots=12",
+                                   "--target-update-interval", "5"]).config
+    assert (config.unrolls_per_batch, config.rollout_slots, config.target_update_period) == (16, 12, 5)
+    assert config.num_slots == 12 and config.effective_target_update_period == 5
+    assert capsys.readouterr().err.splitlines() == [
+        f"impactrl train: warning: --{old} is now --{new} (the old name will be removed)"
+        for old, new in [("batch-size", "unrolls-per-batch"), ("queue-slots", "rollout-slots"),
+                         ("target-update-interval", "target-update-period")]]
+
+    old_run = tmp_path / "old-run"  # a run directory written before the renames
+    old_run.mkdir()
+    (old_run / "config.yaml").write_text("algo: impact\nenv: CartPole-v1\nbatch_size: 24\nqueue_slots: 9\n"
+                                         "target_update_interval: 7\n")
+    for args in (["--config", str(old_run / "config.yaml")], ["--resume", str(old_run)]):
+        config = resolve_train_config(args).config
+        assert (config.unrolls_per_batch, config.rollout_slots, config.target_update_period) == (24, 9, 7)
+        assert capsys.readouterr().err.splitlines() == [
+            f"impactrl train: warning: {old_run / 'config.yaml'}: {old} is now {new} (the old name will be removed)"
+            for old, new in RENAMED.items()]
+    assert "batch_size" not in to_yaml(config) and "unrolls_per_batch: 24" in to_yaml(config)
+
+    config = resolve_train_config([], {"batch_size": 8}, source="impactrl.train").config
+    assert config.unrolls_per_batch == 8 and capsys.readouterr().err.splitlines() == [
+        "impactrl train: warning: impactrl.train: batch_size is now unrolls_per_batch (the old name will be removed)"]
+    assert coerce({"batch_size": 8}, "the checkpoint's config") == {"unrolls_per_batch": 8}  # saved runs: silently
+
+    with pytest.raises(SystemExit):
+        main(["train", "--batch-size", "0", "--out", str(tmp_path / "run")])
+    assert capsys.readouterr().err.splitlines() == [
+        "impactrl train: warning: --batch-size is now --unrolls-per-batch (the old name will be removed)",
+        "impactrl train: error: unrolls_per_batch must be >= 1, got 0"]
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--batch-size (now --unrolls-per-batch)" in help_text and "--unrolls-per-batch INT" in help_text

@@ -61,7 +61,7 @@ def test_help_answers_fast_without_loading_envs():
 
 def test_eval_writes_videos_that_decode(tmp_path: Path):
     run_dir, videos = tmp_path / "run", tmp_path / "videos"
-    run_cli("train", "--env", "ALE/Pong-v5", "--num-actors", "2", "--envs-per-actor", "2", "--batch-size", "4",
+    run_cli("train", "--env", "ALE/Pong-v5", "--num-actors", "2", "--envs-per-actor", "2", "--unrolls-per-batch", "4",
             "--total-env-steps", "400", "--max-episode-steps", "100", "--out", str(run_dir), "--quiet", check=True)
     result = run_cli("eval", str(run_dir), "--episodes", "2", "--video", str(videos), check=True)
     written = json.loads(result.stdout.splitlines()[-1])["videos"]

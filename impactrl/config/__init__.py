@@ -8,7 +8,8 @@ command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts 
   optimiser, logging, faults), each with its bound, combined into ``TrainConfig``;
 - ``checks``: the bounds in one loop, the checks across fields, and the settings a run does not read;
 - ``files``: presets and YAML, typed like the flags;
-- ``renamed``: the old names of renamed settings, still taken with a warning.
+- ``renamed``: the old names of renamed settings (batch_size, queue_slots, target_update_interval),
+  still taken with a warning.
 """
 
 from impactrl.config.checks import (ATARI_SETTINGS, OPTIMIZER_SETTINGS, READ_ONLY_BY, RMSPROP_SETTINGS, bound_problems,

@@ -32,18 +32,19 @@ def bound_problems(config: TrainConfig) -> list[str]:
 def batch_problems(config: TrainConfig) -> list[str]:
     """The batch against the envs, the step budget and the slots (each once its parts are valid)."""
     found = []
-    if (not config.synchronous and config.batch_size >= 1 and config.envs_per_actor >= 1
-            and config.batch_size % config.envs_per_actor):
-        found.append(f"batch_size={config.batch_size} must be a multiple of envs_per_actor={config.envs_per_actor}")
+    if (not config.synchronous and config.unrolls_per_batch >= 1 and config.envs_per_actor >= 1
+            and config.unrolls_per_batch % config.envs_per_actor):
+        found.append(f"unrolls_per_batch={config.unrolls_per_batch} must be a multiple of "
+                     f"envs_per_actor={config.envs_per_actor}")
     if config.total_env_steps >= 1 and config.steps_per_batch > config.total_env_steps:
-        found.append(f"total_env_steps={config.total_env_steps:,} is less than one batch ({config.unrolls_per_batch} unrolls "
-                     f"of {config.unroll_length} steps = {config.steps_per_batch:,}): raise --total-env-steps or lower "
-                     "--unroll-length or the batch")
+        found.append(f"total_env_steps={config.total_env_steps:,} is less than one batch "
+                     f"({config.effective_unrolls_per_batch} unrolls of {config.unroll_length} steps = "
+                     f"{config.steps_per_batch:,}): raise --total-env-steps or lower --unroll-length or the batch")
     if config.algo == "ppo" and config.num_minibatches > config.steps_per_batch:
         found.append(f"num_minibatches={config.num_minibatches} exceeds the {config.steps_per_batch} steps of a batch")
-    if config.queue_slots > 0 and config.envs_per_actor >= 1 and config.slots_per_batch >= 1 \
-            and config.queue_slots < (fewest := max(config.slots_per_batch + 1, config.num_actors)):
-        found.append(f"queue_slots={config.queue_slots} must be >= {fewest} "
+    if config.rollout_slots > 0 and config.envs_per_actor >= 1 and config.slots_per_batch >= 1 \
+            and config.rollout_slots < (fewest := max(config.slots_per_batch + 1, config.num_actors)):
+        found.append(f"rollout_slots={config.rollout_slots} must be >= {fewest} "
                      "(one batch plus one slot an actor can write, and one slot per actor)")
     return found
 
@@ -93,13 +94,13 @@ def ray_actor_resources(config: TrainConfig) -> dict[str, float]:
 
 # Settings only some algorithms, env families or optimisers read.
 READ_ONLY_BY = {
-    "IMPACT": ({"impact"}, ("buffer_batches", "buffer_uses", "buffer_fetch", "target_update_interval", "target_update_tau",
+    "IMPACT": ({"impact"}, ("buffer_batches", "buffer_uses", "buffer_fetch", "target_update_period", "target_update_tau",
                             "target_scoring", "use_target_network", "target_worker_clip", "use_kl_loss", "kl_coeff",
                             "kl_target")),
     "PPO": ({"ppo"}, ("gae_lambda", "update_epochs", "num_minibatches", "clip_value_loss")),
     "IMPACT and PPO": ({"impact", "ppo"}, ("clip_param", "normalize_advantages")),
     "IMPALA and IMPACT (V-trace)": ({"impala", "impact"}, ("clip_rho_threshold", "clip_pg_rho_threshold",
-                                                           "clip_c_threshold", "vtrace_lambda", "batch_size",
+                                                           "clip_c_threshold", "vtrace_lambda", "unrolls_per_batch",
                                                            "max_policy_lag", "popart_beta")),
 }
 ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "frame_dedup")

@@ -82,10 +82,10 @@ class ActorSettings:
     """Environments stepped in lockstep by one actor process."""
     unroll_length: int = bounded(20, at_least(1))
     """Steps per unroll (T); each unroll also carries the next observation for bootstrapping."""
-    batch_size: int = bounded(32, at_least(1))
+    unrolls_per_batch: int = bounded(32, at_least(1))
     """IMPALA, IMPACT: unrolls (one per environment) per learner batch; a multiple of envs_per_actor.
     PPO (synchronous) always takes one from every env: num_actors * envs_per_actor."""
-    queue_slots: int = bounded(0, at_least(0))
+    rollout_slots: int = bounded(0, at_least(0))
     """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
     max_policy_lag: int | None = bounded(None, at_least(0))
     """Drop unrolls the learner would train on more than this many versions after the policy that
@@ -185,7 +185,7 @@ class ImpactSettings:
     """IMPACT: when the learner takes a batch from the actors: free = only while the buffer has a free place
     (every batch gets its K steps; actors wait when the learner is slower); ready = whenever one is ready,
     evicting the oldest batch with its steps left, and training on the held batches while none is."""
-    target_update_interval: int = bounded(0, at_least(0))
+    target_update_period: int = bounded(0, at_least(0))
     """IMPACT: learner updates between target-network refreshes (0 = 2 * N * K)."""
     target_update_tau: float = bounded(1.0, within(0, 1, low_open=True))
     """IMPACT: 1 = hard copy; < 1 = Polyak averaging with this weight."""
@@ -292,28 +292,30 @@ class TrainConfig(FaultSettings, LoggingSettings, OptimizerSettings, PPOSettings
         return self.algo == "ppo"
 
     @property
-    def unrolls_per_batch(self) -> int:
-        """Unrolls (one env's T steps each) in a learner batch; PPO's is every env's."""
-        return self.num_actors * self.envs_per_actor if self.synchronous else self.batch_size
+    def effective_unrolls_per_batch(self) -> int:
+        """Unrolls (one env's T steps each) in a learner batch: unrolls_per_batch, or PPO's every env's."""
+        return self.num_actors * self.envs_per_actor if self.synchronous else self.unrolls_per_batch
 
     @property
     def slots_per_batch(self) -> int:
         """Actor unrolls (shared-memory slots) that make one learner batch."""
-        return self.unrolls_per_batch // self.envs_per_actor
+        return self.effective_unrolls_per_batch // self.envs_per_actor
 
     @property
-    def target_update_period(self) -> int:
-        """IMPACT: learner updates between target refreshes (the paper's n * N * K with n = 2)."""
-        return self.target_update_interval or 2 * self.buffer_batches * self.buffer_uses
+    def effective_target_update_period(self) -> int:
+        """IMPACT: learner updates between target refreshes: target_update_period, or when that is 0 the
+        paper's n * N * K with n = 2."""
+        return self.target_update_period or 2 * self.buffer_batches * self.buffer_uses
 
     @property
     def num_slots(self) -> int:
-        """Shared-memory rollout slots: enough for every actor to write while a batch trains."""
-        return self.queue_slots or 2 * self.num_actors + 2 * self.slots_per_batch
+        """Shared-memory rollout slots: rollout_slots, or when that is 0 enough for every actor to write
+        while a batch trains."""
+        return self.rollout_slots or 2 * self.num_actors + 2 * self.slots_per_batch
 
     @property
     def steps_per_batch(self) -> int:
-        return self.unrolls_per_batch * self.unroll_length
+        return self.effective_unrolls_per_batch * self.unroll_length
 
     def run_dir(self) -> Path:
         return self.out if self.out is not None else Path("runs") / f"{self.env.replace('/', '_')}-{self.algo}-seed{self.seed}"
