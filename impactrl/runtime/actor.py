@@ -201,21 +201,28 @@ class Actor:
 
 
 def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: RolloutSink,
-              should_stop: Callable[[], bool], generation: int = 0, reward_stats: np.ndarray | None = None) -> None:
+              should_stop: Callable[[], bool], generation: int = 0, reward_stats: np.ndarray | None = None,
+              committed_with: int | None = None) -> None:
     """The actor loop, for any runtime: see the module docstring. ``generation`` makes a
-    restarted or resumed actor's seeds new; ``reward_stats`` restores its reward normalisers."""
+    restarted or resumed actor's seeds new; ``reward_stats`` restores its reward normalisers.
+
+    ``committed_with``: for a restarted actor, the publication its previous generation's last
+    unroll that reached the learner was acted with. A synchronous (PPO) run takes exactly one
+    unroll per actor and publication, so the actor waits for a newer one. Only the learner
+    knows it: an unroll committed just before a death may or may not have arrived, and one
+    that did not must be acted again with the same weights."""
     torch.set_num_threads(1)
     actor = Actor(config, actor_id, generation, reward_stats)
     try:
         version, publication = weights.load_into(actor.agent)
-        committed_with = None  # the publication the last committed unroll was acted with
         slot = None  # kept when an env fault drops an unroll, so the next one reuses it
         while not should_stop():
             began = time.perf_counter()
             # Synchronous (PPO): the next unroll must come from the weights trained on the last.
             # Waiting for a new publication, not a higher version, cannot hang: every batch ends
             # in one, even when all its updates were skipped.
-            while config.synchronous and committed_with == weights.publication() and not should_stop():
+            while (config.synchronous and committed_with is not None and weights.publication() <= committed_with
+                   and not should_stop()):
                 sink.heartbeat()
                 time.sleep(0.0005)
             if slot is None:
@@ -233,7 +240,7 @@ def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: R
                 sink.heartbeat()
                 continue
             sink.commit(slot, actor.record(version))
-            slot, committed_with = None, publication
+            slot, committed_with = None, publication  # the publication this unroll was acted with
             sink.heartbeat()
     finally:
         actor.close()
