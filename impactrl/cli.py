@@ -178,9 +178,8 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     import torch
 
     from impactrl.build import env_options, env_tasks, make_agent, rollout_spec, run_tasks
-    from impactrl.checkpoint import load_checkpoint
     from impactrl.data.rollout import data_bytes
-    from impactrl.envs.factory import check_where_actors_run, env_family, image_layout, make_env
+    from impactrl.envs.factory import check_where_actors_run, env_family
     from impactrl.runtime import preflight
 
     found = problems(config) + env_options(config).problems()
@@ -193,20 +192,36 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
     tasks = run_tasks(config)
     check_where_actors_run(tasks.ids, env_options(config))
     family = env_family(tasks.ids[0])
-    if config.image_layout == "auto" and len(tasks.observation_space.shape) == 3 and family not in ("atari", "minatar"):
-        for env_id in tasks.ids:  # auto read the layout from the shape: say so when it transposes
-            raw = make_env(env_id, dataclasses.replace(env_options(config), image_layout="chw"))
-            shape = tuple(raw.observation_space.shape)
-            raw.close()
-            if image_layout(env_id, raw.observation_space, "auto") == "hwc":
-                print(f"impactrl train: note: {env_id}'s observations {shape} read as (height, width, channels) and "
-                      f"transposed to {(shape[2], shape[0], shape[1])}; --image-layout chw says otherwise",
-                      file=sys.stderr)
+    note_transposed_images(config, tasks, family)
     env_tasks(config, tasks)  # enough envs for the tasks, one weight per task
     if config.stop_at_return is not None and tasks.multi_task:
         raise UserError("--stop-at-return needs one task: a mean over several tasks' returns mixes their scales")
-    agent = make_agent(config, tasks)
-    slot_bytes = data_bytes(rollout_spec(config, agent, tasks))
+    check_memory(config, data_bytes(rollout_spec(config, make_agent(config, tasks), tasks)), family)
+    checkpoint = check_run_dir(config, resume, checkpoint_name)
+    preflight(config)  # last: it may join a Ray cluster
+    return checkpoint
+
+
+def note_transposed_images(config: TrainConfig, tasks, family: str) -> None:
+    """With --image-layout auto, a note for each env whose 3-D observations are read as (height, width,
+    channels) and transposed."""
+    from impactrl.build import env_options
+    from impactrl.envs.factory import image_layout, make_env
+
+    if config.image_layout != "auto" or len(tasks.observation_space.shape) != 3 or family in ("atari", "minatar"):
+        return
+    for env_id in tasks.ids:
+        raw = make_env(env_id, dataclasses.replace(env_options(config), image_layout="chw"))
+        shape = tuple(raw.observation_space.shape)
+        raw.close()
+        if image_layout(env_id, raw.observation_space, "auto") == "hwc":
+            print(f"impactrl train: note: {env_id}'s observations {shape} read as (height, width, channels) and "
+                  f"transposed to {(shape[2], shape[0], shape[1])}; --image-layout chw says otherwise", file=sys.stderr)
+
+
+def check_memory(config: TrainConfig, slot_bytes: int, family: str) -> None:
+    """Refuse rollout data, or actor processes with it, beyond 80% of the available memory (saying how
+    many actors fit); warn about many more actors than cores."""
     # The slots, plus the learner's copies: the batch being gathered, one pending and IMPACT's buffer.
     batches_held = 2 + (config.buffer_batches if config.algo == "impact" else 0)
 
@@ -239,21 +254,27 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         # Not refused: such a run works, but each actor gets a sliver of a core and the policy lag grows.
         print(f"impactrl train: warning: {config.num_actors} actor processes on {cores} cores; beyond about one per "
               "core they only take turns (raise --envs-per-actor instead)", file=sys.stderr)
+
+
+def check_run_dir(config: TrainConfig, resume: Path | None, checkpoint_name: str | None):
+    """RUN_DIR free of a live run; with --resume, its checkpoint (returned), whose model-shaping settings
+    the config keeps; otherwise empty or absent."""
+    from impactrl.checkpoint import load_checkpoint
+
     run_dir = config.run_dir()
     check_unlocked(run_dir)  # a live run's own message, before "already holds files" or its checkpoint
-    checkpoint = None
-    if resume is not None:
-        checkpoint = load_checkpoint(run_dir, checkpoint_name)
-        saved = coerce(yaml.safe_load(checkpoint["config"]), "the checkpoint's config")
-        changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (the run has {saved[name]!r})"
-                   for name in FIXED_ON_RESUME
-                   if name in saved and _comparable(getattr(config, name)) != _comparable(saved[name])]
-        if changed:
-            raise UserError(f"--resume {run_dir}: {'; '.join(changed)}: these settings shape the model and cannot "
-                            "change in a resumed run; start a new run with --out instead")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(f"--out {run_dir} already holds files; continue it with --resume {run_dir} or pick a new --out")
-    preflight(config)  # last: it may join a Ray cluster
+    if resume is None:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise UserError(f"--out {run_dir} already holds files; continue it with --resume {run_dir} or pick a new --out")
+        return None
+    checkpoint = load_checkpoint(run_dir, checkpoint_name)
+    saved = coerce(yaml.safe_load(checkpoint["config"]), "the checkpoint's config")
+    changed = [f"--{name.replace('_', '-')} {getattr(config, name)!r} (the run has {saved[name]!r})"
+               for name in FIXED_ON_RESUME
+               if name in saved and _comparable(getattr(config, name)) != _comparable(saved[name])]
+    if changed:
+        raise UserError(f"--resume {run_dir}: {'; '.join(changed)}: these settings shape the model and cannot "
+                        "change in a resumed run; start a new run with --out instead")
     return checkpoint
 
 
