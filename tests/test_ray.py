@@ -284,3 +284,44 @@ def test_cartpole_reaches_450_on_ray(tmp_path: Path):
         best, _ = best_of_two_seeds(tmp_path, 450, "--algo", "impala", "--runtime", "ray", "--env", "CartPole-v1",
                                     "--num-actors", "2", "--total-env-steps", "500000")
     assert best >= 450
+
+
+def test_a_sigkilled_learner_leaves_no_process_of_the_local_ray_instance_it_started(run_dir: Path):
+    """Ray's agents (DashboardAgent, RuntimeEnvAgent) outlived a SIGKILLed driver; nothing of the
+    instance may stay, and nothing tells the user to `ray stop` (which stops every instance)."""
+    marker = f"IMPACTRL_TEST_RAY_RUN={uuid.uuid4().hex}".encode()
+    env = {**os.environ, "IMPACTRL_TEST_RAY_RUN": marker.split(b"=")[1].decode()}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "impactrl", "train", "--runtime", "ray", "--env", "CartPole-v1", "--total-env-steps",
+         "10000000", "--out", str(run_dir), *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_until_training(run_dir, process)
+        assert any("DashboardAgent" in line or "RuntimeEnvAgent" in line or "raylet" in line
+                   for line in processes_marked(marker).values())
+        process.kill()
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    deadline = time.monotonic() + 60
+    while (left := processes_marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # so that a failure leaves nothing behind either
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the run's Ray instance left running: {left}"
+    assert "ray stop" not in stderr
+
+
+def test_rays_relayed_lines_carry_no_colour_codes_into_a_file(run_dir: Path, tmp_path: Path):
+    """Workers that die make the raylet relay a "(raylet) ..." line, which Ray colours; into a file
+    (not a terminal) it comes plain."""
+    log = tmp_path / "output.txt"
+    with log.open("w") as output:
+        subprocess.run([sys.executable, "-m", "impactrl", "train", "--runtime", "ray", "--env",
+                        "faultenvs:CrashingCartPole-v0", "--total-env-steps", "4000", "--out", str(run_dir), *FAST],
+                       stdout=output, stderr=subprocess.STDOUT, timeout=300, check=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    text = log.read_text()
+    assert read_metrics(run_dir)[-1]["actor_restarts"] >= 1 and "Ray restarted it" in text
+    assert "\x1b[" not in text, [line for line in text.splitlines() if "\x1b[" in line][:3]

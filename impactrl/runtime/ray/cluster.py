@@ -9,11 +9,15 @@ import logging
 import math
 import os
 import socket
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 from typing import Iterator
 
 from impactrl.config import TrainConfig, ray_actor_resources
 from impactrl.errors import UserError
+from impactrl.runtime.ray import reaper
 
 try:
     import ray
@@ -77,6 +81,7 @@ def preflight(config: TrainConfig) -> None:
         except OSError as error:
             raise UserError(f"--ray-address {config.ray_address}: nothing answers there ({error.strerror or error}); "
                             "start the head with `ray start --head` and pass the address it prints") from None
+    plain_output()
     try:
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as error:
@@ -97,8 +102,36 @@ def connect(config: TrainConfig) -> None:
     its CPU count is a scheduling promise, so actors may outnumber cores as in the local runtime."""
     if ray.is_initialized():
         return
+    plain_output()
     if config.ray_address is not None:
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
         return
     cpus = max(os.cpu_count() or 1, math.ceil(config.num_actors * config.ray_actor_cpus))
+    reap_with_this_process()
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+
+
+def plain_output() -> None:
+    """Ray colours the lines it relays from the cluster ("(raylet) ..."): not into a file or a pipe."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()) or os.environ.get("NO_COLOR"):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+_reaper_pipe: int | None = None  # the write end: open exactly as long as this process lives
+
+
+def reap_with_this_process() -> None:
+    """Before starting a local instance: the processes it starts inherit a marker, and a reaper
+    (runtime/ray/reaper.py) kills them once this process is gone, even SIGKILLed. So a run stops
+    exactly the instance it started (``ray stop`` would stop every instance of the machine)."""
+    global _reaper_pipe
+    if _reaper_pipe is not None or not Path("/proc").is_dir():
+        return
+    marker = uuid.uuid4().hex
+    read, _reaper_pipe = os.pipe()  # not inherited by the processes Ray starts: only this one holds it
+    environment = {key: value for key, value in os.environ.items() if key != reaper.VARIABLE}
+    subprocess.Popen([sys.executable, "-I", reaper.__file__, marker, str(read)], pass_fds=(read,), env=environment,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    os.close(read)
+    os.environ[reaper.VARIABLE] = marker
