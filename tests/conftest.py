@@ -42,3 +42,18 @@ def collect(config, slots: int):
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def run_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``impactrl ARGS`` in this process, for a command refused before it starts anything (where a
+    subprocess proves nothing more): its exit code and what it printed. A command that passes every
+    check fails the test instead of training."""
+    from unittest import mock
+
+    from impactrl.cli import main
+
+    with mock.patch("impactrl.training.train", side_effect=AssertionError("passed every check: would train")):
+        with pytest.raises(SystemExit) as exit_:
+            main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), exit_.value.code, out, err)

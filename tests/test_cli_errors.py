@@ -1,11 +1,12 @@
-"""Every mistake a user can make: one line on stderr, exit code 2, nothing left in RUN_DIR."""
+"""Every mistake a user can make: one line on stderr, exit code 2, nothing left in RUN_DIR (each
+command runs in this process: it is refused before it starts anything)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_in_process
 
 
 def assert_one_line_error(result, *fragments: str) -> None:
@@ -17,8 +18,8 @@ def assert_one_line_error(result, *fragments: str) -> None:
         assert fragment in lines[0], lines[0]
 
 
-def test_unknown_env_id(run_dir: Path):
-    result = run_cli("train", "--env", "CartPol-v1", "--out", str(run_dir))
+def test_unknown_env_id(run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--env", "CartPol-v1", "--out", str(run_dir))
     assert_one_line_error(result, "unknown environment id 'CartPol-v1'", "CartPole-v1")
     assert not run_dir.exists()
 
@@ -30,8 +31,8 @@ def test_unknown_env_id(run_dir: Path):
     ("--total-env-steps", "0", "total_env_steps must be >= 1, got 0"),
     ("--learning-rate", "-1", "learning_rate must be > 0"),
 ])
-def test_non_positive_sizes(run_dir: Path, flag: str, value: str, message: str):
-    result = run_cli("train", flag, value, "--out", str(run_dir))
+def test_non_positive_sizes(run_dir: Path, flag: str, value: str, message: str, capsys):
+    result = run_in_process(capsys, "train", flag, value, "--out", str(run_dir))
     assert_one_line_error(result, message)
     assert not run_dir.exists()
 
@@ -40,19 +41,19 @@ def test_non_positive_sizes(run_dir: Path, flag: str, value: str, message: str):
     (["--stop-at-return", "nan"], "stop_at_return must be a finite number or None, got nan"),
     (["--env", "MinAtar/Breakout-v1,MinAtar/Asterix-v1", "--stop-at-return", "5"], "--stop-at-return needs one task"),
 ])
-def test_stop_at_return_needs_a_number_and_one_task(run_dir: Path, args: list[str], message: str):
-    result = run_cli("train", *args, "--out", str(run_dir))
+def test_stop_at_return_needs_a_number_and_one_task(run_dir: Path, args: list[str], message: str, capsys):
+    result = run_in_process(capsys, "train", *args, "--out", str(run_dir))
     assert_one_line_error(result, message)
     assert not run_dir.exists()
 
 
-def test_all_problems_reported_at_once(run_dir: Path):
-    result = run_cli("train", "--num-actors", "0", "--discount", "2", "--out", str(run_dir))
+def test_all_problems_reported_at_once(run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--num-actors", "0", "--discount", "2", "--out", str(run_dir))
     assert_one_line_error(result, "num_actors must be >= 1", "discount must be in [0, 1]")
 
 
-def test_batch_not_multiple_of_envs(run_dir: Path):
-    result = run_cli("train", "--envs-per-actor", "8", "--unrolls-per-batch", "12", "--out", str(run_dir))
+def test_batch_not_multiple_of_envs(run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--envs-per-actor", "8", "--unrolls-per-batch", "12", "--out", str(run_dir))
     assert_one_line_error(result, "unrolls_per_batch=12 must be a multiple of envs_per_actor=8")
 
 
@@ -77,69 +78,69 @@ gym.register("TwoButtons-v0", entry_point=TwoButtons)
 """
 
 
-def test_unsupported_action_space(tmp_path: Path, run_dir: Path):
+def test_unsupported_action_space(tmp_path: Path, run_dir: Path, capsys, monkeypatch):
     (tmp_path / "two_buttons.py").write_text(MULTI_DISCRETE_ENV)
-    result = run_cli("train", "--env", "two_buttons:TwoButtons-v0", "--out", str(run_dir),
-                     extra_path=str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_in_process(capsys, "train", "--env", "two_buttons:TwoButtons-v0", "--out", str(run_dir))
     assert_one_line_error(result, "action space MultiDiscrete")
     assert not run_dir.exists()
 
 
-def test_unwritable_out(tmp_path: Path):
+def test_unwritable_out(tmp_path: Path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     out = blocker / "run"
-    result = run_cli("train", "--out", str(out))
+    result = run_in_process(capsys, "train", "--out", str(out))
     assert_one_line_error(result, "not writable")
     assert blocker.is_file() and not out.exists()
 
 
-def test_out_with_an_existing_run_needs_resume(run_dir: Path):
+def test_out_with_an_existing_run_needs_resume(run_dir: Path, capsys):
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text("{}\n")
-    result = run_cli("train", "--out", str(run_dir))
+    result = run_in_process(capsys, "train", "--out", str(run_dir))
     assert_one_line_error(result, "already holds files", "--resume")
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
 
 
-def test_resume_without_a_run(tmp_path: Path):
-    result = run_cli("train", "--resume", str(tmp_path / "nothing-here"))
+def test_resume_without_a_run(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "train", "--resume", str(tmp_path / "nothing-here"))
     assert_one_line_error(result, "no config.yaml")
 
 
-def test_resume_without_checkpoint(run_dir: Path):
+def test_resume_without_checkpoint(run_dir: Path, capsys):
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text("env: CartPole-v1\n")
-    result = run_cli("train", "--resume", str(run_dir))
+    result = run_in_process(capsys, "train", "--resume", str(run_dir))
     assert_one_line_error(result, "holds no checkpoint")
     assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml"]
 
 
-def test_corrupt_checkpoint(run_dir: Path):
+def test_corrupt_checkpoint(run_dir: Path, capsys):
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True)
     (run_dir / "config.yaml").write_text("env: CartPole-v1\n")
     (checkpoints / "ckpt_0000000001.pt").write_bytes(b"\x00not a checkpoint" * 10)
     (checkpoints / "latest.pt").symlink_to("ckpt_0000000001.pt")
     for args in (("train", "--resume", str(run_dir)), ("eval", str(run_dir))):
-        result = run_cli(*args)
+        result = run_in_process(capsys, *args)
         assert_one_line_error(result, "is not a checkpoint file (torch.load failed")
 
 
-def test_eval_missing_path(tmp_path: Path):
-    result = run_cli("eval", str(tmp_path / "missing"), "--episodes", "2")
+def test_eval_missing_path(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "eval", str(tmp_path / "missing"), "--episodes", "2")
     assert_one_line_error(result, "does not exist")
 
 
-def test_bad_config_file(tmp_path: Path, run_dir: Path):
+def test_bad_config_file(tmp_path: Path, run_dir: Path, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text("env: CartPole-v1\nlearning_rat: 0.1\n")
-    result = run_cli("train", "--config", str(config), "--out", str(run_dir))
+    result = run_in_process(capsys, "train", "--config", str(config), "--out", str(run_dir))
     assert_one_line_error(result, "unknown setting(s) learning_rat")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when CUDA is missing")
-def test_cuda_without_cuda(run_dir: Path):
-    result = run_cli("train", "--device", "cuda", "--out", str(run_dir))
+def test_cuda_without_cuda(run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--device", "cuda", "--out", str(run_dir))
     assert_one_line_error(result, "--device cuda")
     assert not run_dir.exists()

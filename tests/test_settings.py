@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_in_process
 from impactrl.cli import main, resolve_train_config
 from impactrl.config import RENAMED, TrainConfig, bound_problems, coerce, to_yaml
 from impactrl.config.bounds import bound_of
@@ -49,32 +49,32 @@ def test_ppo_with_four_actors_trains_without_a_hand_made_batch_size(run_dir: Pat
     assert last["env_steps"] == 512 and last["learner_updates"] == 2 * 4  # two batches of 4 x 64 steps
 
 
-def test_a_config_file_value_of_the_wrong_type_is_one_line(tmp_path: Path):
+def test_a_config_file_value_of_the_wrong_type_is_one_line(tmp_path: Path, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text("learning_rate: fast\nuse_lstm: 1\n")
-    result = run_cli("train", "--config", str(config), "--out", str(tmp_path / "run"))
+    result = run_in_process(capsys, "train", "--config", str(config), "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "learning_rate must be a number, got 'fast'" in result.stderr
     assert "use_lstm must be true or false, got 1" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
-def test_settings_the_run_does_not_read_are_warned_about(tmp_path: Path):
-    result = run_cli("train", "--algo", "impala", "--env", "CartPole-v1", "--buffer-uses", "4", "--frame-skip", "2",
-                     "--total-env-steps", "10", "--out", str(tmp_path / "run"))
+def test_settings_the_run_does_not_read_are_warned_about(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "train", "--algo", "impala", "--env", "CartPole-v1", "--buffer-uses", "4",
+                            "--frame-skip", "2", "--total-env-steps", "10", "--out", str(tmp_path / "run"))
     assert "--buffer-uses is read by IMPACT only, not --algo impala" in result.stderr
     assert "--frame-skip is read on Atari only" in result.stderr
 
 
-def test_a_step_budget_below_one_batch_is_refused(tmp_path: Path):
-    result = run_cli("train", "--env", "CartPole-v1", "--unroll-length", "2000", "--total-env-steps", "10000",
-                     "--out", str(tmp_path / "run"))
+def test_a_step_budget_below_one_batch_is_refused(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "train", "--env", "CartPole-v1", "--unroll-length", "2000", "--total-env-steps", "10000",
+                            "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "is less than one batch" in result.stderr
 
 
-def test_rollout_data_that_cannot_fit_in_memory_is_refused(tmp_path: Path):
-    result = run_cli("train", "--env", "ALE/Pong-v5", "--unroll-length", "100000", "--total-env-steps", "10000000",
-                     "--out", str(tmp_path / "run"))
+def test_rollout_data_that_cannot_fit_in_memory_is_refused(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "train", "--env", "ALE/Pong-v5", "--unroll-length", "100000", "--total-env-steps", "10000000",
+                            "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "rollout data would need" in result.stderr and "--unroll-length" in result.stderr
     assert not (tmp_path / "run").exists()
 
