@@ -44,6 +44,20 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+FINISHED_RUN_STEPS = 2000
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """README's CartPole run (IMPACT), briefly: one run directory with metrics, TensorBoard events
+    and a checkpoint, shared by the tests that read a run (eval, plot, diagnose). A test that
+    changes it works on a copy (``shutil.copytree``)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_cli("train", "--algo", "impact", "--env", "CartPole-v1", *FAST, "--total-env-steps", str(FINISHED_RUN_STEPS),
+            "--out", str(run_dir), "--quiet", check=True)
+    return run_dir
+
+
 def run_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
     """``impactrl ARGS`` in this process, for a command refused before it starts anything (where a
     subprocess proves nothing more): its exit code and what it printed. A command that passes every

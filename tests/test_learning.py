@@ -35,8 +35,8 @@ def best_of_two_seeds(tmp_path: Path, bar: float, *args: str, stop_at_bar: bool 
     """The best mean return of seed 1, and of seed 2 when seed 1 stays under the bar.
 
     An asynchronous run is not reproducible step for step: seed 1 of IMPACT once peaked at 441
-    on a loaded machine where it usually reaches 450 by 300k (docs/results.md: 165k-484k over
-    seeds), and CI saw Ray's IMPALA peak at 449.7. So the bar is that one of two seeds reaches it."""
+    on a loaded machine where it usually reaches 450 by 300k (docs/results.md: 243k-487k over
+    21 runs), and CI saw Ray's IMPALA peak at 449.7. So the bar is that one of two seeds reaches it."""
     for seed in (1, 2):
         run_dir = tmp_path / f"seed{seed}"
         best = best_return(run_dir, bar, *args, seed=seed, stop_at_bar=stop_at_bar)

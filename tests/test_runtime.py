@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
-from conftest import FAST, run_cli
+from conftest import FAST, FINISHED_RUN_STEPS, run_cli
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, data_bytes, restack_frames, to_device
 from impactrl.runtime.actor import Actor
@@ -152,7 +152,7 @@ def test_full_slots_make_actors_wait():
                          rollout_slots=3)
     learner, spec = build_learner(config, None)
     ctx = mp.get_context("spawn")
-    store = SlotStore(spec, config.num_slots, shared=True)
+    store = SlotStore(spec, config.effective_rollout_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)
     weights.publish(learner.agent, 5)
     actors = LocalActors(config, learner, store, weights, ctx, print)
@@ -190,20 +190,20 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_train_writes_contract_outputs(run_dir: Path):
-    run_cli("train", "--env", "CartPole-v1", "--total-env-steps", "4000", "--out", str(run_dir), *FAST, check=True)
-    records = read_metrics(run_dir)
+def test_train_writes_contract_outputs(finished_run: Path):
+    records = read_metrics(finished_run)
     assert records and all(CONTRACT_KEYS <= set(record) for record in records)
-    assert records[-1]["env_steps"] >= 4000
+    assert records[-1]["env_steps"] >= FINISHED_RUN_STEPS
     assert any(record["episode_return_mean"] is not None for record in records)
     assert all((record["episode_return_std"] is None) == (record["episodes"] == 0) for record in records)
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["total_env_steps"] == 4000
-    assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
-    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tb").iterdir())
-    result = run_cli("eval", str(run_dir), "--episodes", "3", check=True)
+    assert yaml.safe_load((finished_run / "config.yaml").read_text())["total_env_steps"] == FINISHED_RUN_STEPS
+    assert (finished_run / "checkpoints" / "latest.pt").resolve().is_file()
+    assert any(p.name.startswith("events.out.tfevents") for p in (finished_run / "tb").iterdir())
+    result = run_cli("eval", str(finished_run), "--episodes", "3", check=True)
     evaluation = json.loads(result.stdout.strip().splitlines()[-1])
     assert evaluation["episodes"] == 3 and {"return_mean", "return_std"} <= set(evaluation)
-    assert evaluation["value_mse"] >= 0 and evaluation["value_explained_variance"] <= 1
+    # A real agent's values miss the returns somewhat: an error of exactly 0 or NaN is a bug.
+    assert 0 < evaluation["value_mse"] < float("inf") and evaluation["value_explained_variance"] <= 1
     assert evaluation["torso_dead_units"] == []  # CartPole's MLP torso is tanh: no ReLU layer to die
 
 
