@@ -227,12 +227,12 @@ def check_memory(config: TrainConfig, slot_bytes: int, family: str) -> None:
 
     def rollout_bytes(num_actors: int) -> int:  # the slot count (and PPO's batch) follow the actors
         sized = dataclasses.replace(config, num_actors=num_actors)
-        return slot_bytes * (sized.num_slots + batches_held * sized.slots_per_batch)
+        return slot_bytes * (sized.effective_rollout_slots + batches_held * sized.slots_per_batch)
 
     needed = rollout_bytes(config.num_actors)
     available = available_memory_bytes()
     if available is not None and needed > 0.8 * available:
-        raise UserError(f"rollout data would need {needed / 2**30:.1f} GiB ({config.num_slots} slots of "
+        raise UserError(f"rollout data would need {needed / 2**30:.1f} GiB ({config.effective_rollout_slots} slots of "
                         f"{slot_bytes / 2**20:.1f} MiB plus {batches_held} batches in the learner), more than 80% of "
                         f"the {available / 2**30:.1f} GiB available: lower --unroll-length, --envs-per-actor, "
                         "--unrolls-per-batch or --rollout-slots")

@@ -143,7 +143,7 @@ def test_the_renamed_settings_take_their_old_names_by_flag_yaml_resume_and_api(t
     config = resolve_train_config(["--algo", "impact", "--batch-size", "16", "--queue-slots=12",
                                    "--target-update-interval", "5"]).config
     assert (config.unrolls_per_batch, config.rollout_slots, config.target_update_period) == (16, 12, 5)
-    assert config.num_slots == 12 and config.effective_target_update_period == 5
+    assert config.effective_rollout_slots == 12 and config.effective_target_update_period == 5
     assert capsys.readouterr().err.splitlines() == [
         f"impactrl train: warning: --{old} is now --{new} (the old name will be removed)"
         for old, new in [("batch-size", "unrolls-per-batch"), ("queue-slots", "rollout-slots"),

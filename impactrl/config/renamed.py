@@ -12,7 +12,7 @@ from impactrl.errors import UserError
 
 RENAMED: dict[str, str] = {  # old name: new name
     "batch_size": "unrolls_per_batch",  # it counts unrolls (and PPO ignores it: its batch is one unroll per env)
-    "queue_slots": "rollout_slots",  # shared-memory rollout slots, not a queue
+    "queue_slots": "rollout_slots",  # shared-memory rollout slots, not a queue; in effect: effective_rollout_slots
     "target_update_interval": "target_update_period",  # 0 = auto; the period in effect: effective_target_update_period
 }
 

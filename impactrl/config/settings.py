@@ -308,7 +308,7 @@ class TrainConfig(FaultSettings, LoggingSettings, OptimizerSettings, PPOSettings
         return self.target_update_period or 2 * self.buffer_batches * self.buffer_uses
 
     @property
-    def num_slots(self) -> int:
+    def effective_rollout_slots(self) -> int:
         """Shared-memory rollout slots: rollout_slots, or when that is 0 enough for every actor to write
         while a batch trains."""
         return self.rollout_slots or 2 * self.num_actors + 2 * self.slots_per_batch

@@ -497,7 +497,7 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
     is spent, stop them."""
     torch.set_num_threads(learner_threads(config))
     ctx = mp.get_context("spawn")
-    store = SlotStore(spec, config.num_slots, shared=True)
+    store = SlotStore(spec, config.effective_rollout_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)  # actors wait for the learner loop's first publish
     actors = LocalActors(config, learner, store, weights, ctx, writer.message, synthetic)
     return supervise(learner, actors, weights, run_dir, writer)

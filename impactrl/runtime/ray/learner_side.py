@@ -278,7 +278,7 @@ class RayActors:
 def unrolls_in_flight(config: TrainConfig) -> int:
     """Unrolls per actor in the object store (and in the learner's batches): the local runtime's
     slots, shared out among the actors."""
-    return math.ceil(config.num_slots / config.num_actors)
+    return math.ceil(config.effective_rollout_slots / config.num_actors)
 
 
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
