@@ -49,15 +49,6 @@ def start_live_run(run_dir: Path) -> subprocess.Popen:
     return process
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """README's CartPole run (IMPACT), briefly: a run directory with metrics and a checkpoint."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    subprocess.run([sys.executable, "-m", "impactrl", "train", "--algo", "impact", *CARTPOLE, "--total-env-steps", "2000",
-                    "--out", str(run_dir), "--quiet"], check=True, capture_output=True, timeout=300)
-    return run_dir
-
-
 @pytest.mark.slow  # trains with real processes
 def test_a_second_writer_on_a_live_run_directory_is_refused_naming_the_pid(tmp_path: Path, capsys):
     run_dir = tmp_path / "run"
