@@ -246,8 +246,8 @@ class OptimizerSettings:
     """Clip the global gradient norm to this value."""
     learner_precision: Literal["float32", "bfloat16"] = "float32"
     """bfloat16: autocast the learner's convolutions and matmuls to bfloat16 (losses, V-trace and
-    optimiser stay float32). 1.6-1.9x faster learner steps on CPUs with AMX / AVX-512 BF16 and on
-    recent GPUs; slower on CPUs without them. Actors always infer in float32."""
+    optimiser stay float32). Faster learner steps on CPUs with AMX / AVX-512 BF16 and on recent
+    GPUs; slower on CPUs without them. Actors always infer in float32."""
 
 
 @dataclass(frozen=True)
