@@ -35,9 +35,8 @@ HISTORY = 2000  # lines kept for the rules that read the whole run (entropy, ret
 RETURN_BLOCK = 100  # episodes per mean return when comparing a run's best with its recent returns
 FALL_SHARE = 0.25  # a fall of at least this share of the rise before it
 FALL_ERRORS = 4  # ... and of at least this many standard errors
-# Versions. docs/results.md's lag study (IMPALA, MinAtar Breakout): up to lag 12 neither the training
-# return nor the value error against real returns moved; at lag 22-47 the return fell 18-30%, the
-# value error did not (0.98x). The IMPALA document's Pong figure (5: value error ~3x) did not reproduce.
+# Versions: below this the lag study saw neither the return nor the value error move
+# (docs/results.md#policy-lag-against-value-error-claim-6-of-the-source-documents).
 LAG_LIMIT = 20
 
 

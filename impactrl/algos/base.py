@@ -42,7 +42,7 @@ def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
 
 def to_floats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
     """Python floats of scalar statistics: on an accelerator one device-to-host transfer for all
-    of them instead of one sync per value; on the CPU ``item()`` each, 15x cheaper than stacking."""
+    of them instead of one sync per value; on the CPU ``item()`` each, which costs less than stacking."""
     tensors = {key: value for key, value in stats.items() if isinstance(value, torch.Tensor)}
     out = {key: float(value) for key, value in stats.items() if not isinstance(value, torch.Tensor)}
     if tensors and any(value.device.type != "cpu" for value in tensors.values()):

@@ -25,7 +25,7 @@ class WeightsMessage(NamedTuple):
 
 
 # Ray passes smaller values inside a call (its max_direct_call_object_size); larger weights are
-# put in the object store once and passed by reference. A put costs ~1 ms however small.
+# put in the object store once and passed by reference: a put has a fixed cost however small.
 INLINE_BYTES = 100 * 1024
 
 
