@@ -325,3 +325,51 @@ def test_rays_relayed_lines_carry_no_colour_codes_into_a_file(run_dir: Path, tmp
     text = log.read_text()
     assert read_metrics(run_dir)[-1]["actor_restarts"] >= 1 and "Ray restarted it" in text
     assert "\x1b[" not in text, [line for line in text.splitlines() if "\x1b[" in line][:3]
+
+
+def test_actors_lost_with_a_node_that_no_node_has_room_for_are_reported_counted_and_marked(run_dir: Path,
+                                                                                           tmp_path: Path):
+    """Each node holds one actor; the worker node leaves with its actor and the head has no room:
+    the loss is said in one line when Ray reports it and counted, run_info.json no longer lists the
+    actor as running, and after --actor-stall-timeout-s the stall line says no node has room."""
+    with no_process_left_behind():
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"spare": 1}})
+        try:
+            cluster.add_node(num_cpus=1, resources={"spare": 1})
+            cluster.wait_for_nodes()
+            stderr_path = tmp_path / "stderr.txt"
+            with stderr_path.open("w") as stderr:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "impactrl", "train", "--runtime", "ray", "--ray-address", cluster.address,
+                     "--env", "CartPole-v1", "--total-env-steps", "100000000", "--out", str(run_dir), *FAST,
+                     "--ray-actor-resources", "spare=1", "--actor-stall-timeout-s", "10"],
+                    stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+            try:
+                lost_node = {node.node_id: node for node in cluster.worker_nodes}
+                nodes = current_nodes(wait_until_training(run_dir, process))
+                [lost] = [actor for actor, node in nodes.items() if node in lost_node]
+                cluster.remove_node(lost_node[nodes[lost]])
+                deadline = time.monotonic() + 180
+                while "have waited" not in stderr_path.read_text() and time.monotonic() < deadline:
+                    assert process.poll() is None, stderr_path.read_text()[-3000:]
+                    time.sleep(0.5)
+                text = stderr_path.read_text()
+                losses = [line for line in text.splitlines() if f"actor {lost} failed (" in line]
+                assert len(losses) == 1 and "Ray brings it back where there is room" in losses[0], text[-3000:]
+                [stall] = [line for line in text.splitlines() if "have waited" in line]
+                assert f"actors [{int(lost)}] have waited" in stall and "no node has room for them" in stall
+                info = run_info(run_dir)
+                assert info["running"] == {lost: False, str(1 - int(lost)): True}
+                assert "ended_at" in info["actors"][lost][-1] and len(info["actors"][lost]) == 1
+                deadline = time.monotonic() + 60
+                while read_metrics(run_dir)[-1]["actor_restarts"] < 1 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert read_metrics(run_dir)[-1]["actor_restarts"] == 1
+                assert read_metrics(run_dir)[-1]["actor"][lost]["restarts"] == 1
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=120)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+        finally:
+            cluster.shutdown()

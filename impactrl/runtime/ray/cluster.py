@@ -50,13 +50,15 @@ def where_am_i() -> dict:
             "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
 
-
 def write_run_info(run_dir: Path, config: TrainConfig, learner: dict, actors: list,
                    weights: dict | None = None) -> None:
     """``RUN_DIR/run_info.json``: where the learner and every process of every actor ran (newest
     last); at the end also what the weight broadcasts cost."""
     info = {"runtime": "ray", "ray_address": config.ray_address, "learner": learner,
             "actors": {str(actor.actor_id): actor.incarnations for actor in actors},
+            # an actor whose newest process ended (lost with its node, killed) waits for Ray to restart it
+            "running": {str(actor.actor_id): bool(actor.incarnations) and "ended_at" not in actor.incarnations[-1]
+                        for actor in actors},
             **({"weights": weights} if weights is not None else {})}
     partial = run_dir / ".run_info.json.partial"
     partial.write_text(json.dumps(info, indent=1))
@@ -86,15 +88,31 @@ def preflight(config: TrainConfig) -> None:
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
     except (ConnectionError, ValueError, RuntimeError) as error:
         raise UserError(f"--ray-address {config.ray_address}: cannot join the Ray cluster: {first_line(error)}") from None
+    nodes, capacity, asked = actor_capacity(config)
+    if capacity < config.num_actors:
+        ray.shutdown()
+        raise UserError(f"--ray-address {config.ray_address}: the cluster's {nodes} node(s) can hold {capacity} "
+                        f"actor(s) asking for {asked} each, not --num-actors {config.num_actors}; lower "
+                        "--ray-actor-cpus or --num-actors, or add nodes")
+
+
+def actor_capacity(config: TrainConfig) -> tuple[int, int, str]:
+    """The cluster's live nodes, how many actors their resources hold (counted per node from its
+    totals) and what each actor asks for."""
+    need = {"CPU": config.ray_actor_cpus, **ray_actor_resources(config)}
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
     capacity = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items() if amount > 0),
                        default=config.num_actors) for node in nodes)
+    return len(nodes), capacity, ", ".join(f"{name}={amount:g}" for name, amount in need.items())
+
+
+def cluster_room(config: TrainConfig) -> str:
+    """Why actors may wait for Ray to restart them, in words (for the stall line)."""
+    nodes, capacity, asked = actor_capacity(config)
     if capacity < config.num_actors:
-        ray.shutdown()
-        asked = ", ".join(f"{name}={amount:g}" for name, amount in need.items())
-        raise UserError(f"--ray-address {config.ray_address}: the cluster's {len(nodes)} node(s) can hold {capacity} "
-                        f"actor(s) asking for {asked} each, not --num-actors {config.num_actors}; lower "
-                        "--ray-actor-cpus or --num-actors, or add nodes")
+        return (f"no node has room for them (the cluster's {nodes} node(s) can hold {capacity} of the "
+                f"{config.num_actors} actors, asking for {asked} each; add a node or lower --ray-actor-cpus)")
+    return f"the cluster's {nodes} node(s) can hold all {config.num_actors} actors (asking for {asked} each)"
 
 
 def connect(config: TrainConfig) -> None:

@@ -19,7 +19,7 @@ from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.learner import Learner, LearnerCounters
 from impactrl.runtime.ray.actor_side import ActorLoopFailed, RayActor, StartArgs, TakeReply, WeightsBoard
-from impactrl.runtime.ray.cluster import connect, first_line, where_am_i, write_run_info
+from impactrl.runtime.ray.cluster import cluster_room, connect, first_line, where_am_i, write_run_info
 from impactrl.runtime.ray.codec import (KEYFRAME_EVERY, WeightsMessage, apply_delta, delta_bound, delta_bytes,
                                         encode_delta, shipped)
 from impactrl.runtime.synthetic import Synthetic
@@ -103,7 +103,11 @@ class RayActorHandle(ActorHandle):
     last_reply: float = field(default_factory=time.monotonic)
     probe: object = None  # a silent_s call out, and when it was sent
     probe_sent: float = 0.0
-    killed: bool = False  # by the learner; until its next process reports, its old calls' failures are old news
+    # Its process is gone (killed by the learner, or Ray reported it dead: its node left, say) and
+    # no new one has reported yet; the failures of calls sent before (an older epoch) are old news.
+    down_since: float | None = None
+    epoch: int = 0
+    stall_reported: bool = False  # the stall line of this wait for a restart is said
     incarnations: list = field(default_factory=list)  # where each of its processes ran
     last_error: str = ""
 
@@ -119,7 +123,7 @@ class RayActors:
         self.in_flight = unrolls_in_flight(config)
         self.spec = spec
         self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
-        self.owner: dict = {}  # take call -> ActorHandle
+        self.owner: dict = {}  # take call -> (RayActorHandle, its epoch when the call was sent)
         # PPO's actors pull each publication from a board; the rest learn it from their next take.
         self.board = None
         self.posted = 0  # the publication last posted on the board
@@ -145,7 +149,19 @@ class RayActors:
         write_run_info(self.run_dir, config, self.learner_where, self.actors)
 
     def check_health(self) -> None:
-        """Hung actors are found while waiting for replies (next_batch); Ray restarts the dead."""
+        """Hung actors are found while waiting for replies (next_batch) and Ray restarts the dead;
+        here, past ``actor_stall_timeout_s``, one line about those still waiting for Ray."""
+        timeout, now = self.config.actor_stall_timeout_s, time.monotonic()
+        stalled = [actor for actor in self.actors
+                   if actor.down_since is not None and now - actor.down_since > timeout and not actor.stall_reported]
+        if not stalled:
+            return
+        for actor in stalled:
+            actor.stall_reported = True
+        longest = now - min(actor.down_since for actor in stalled)
+        self.supervision.report(
+            f"actors {[actor.actor_id for actor in stalled]} have waited {longest:.0f} s for Ray to restart them: "
+            f"{cluster_room(self.config)}; the run goes on with the other actors (`ray status` shows the cluster)")
 
     def stop_all(self) -> None:
         for handle in {id(actor.handle): actor.handle for actor in self.actors}.values():
@@ -188,14 +204,14 @@ class RayActors:
                 call = actor.handle.take.remote(
                     actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
                 actor.pending.add(call)
-                self.owner[call] = actor
+                self.owner[call] = actor, actor.epoch
         if self.board is not None and weights.publication > self.posted:
             # Waited for: a post whose reference was dropped at once was lost in about one run in four.
             ray.get(self.board.post.remote(weights))
             self.posted = weights.publication
 
     def _receive(self, call) -> None:
-        actor = self.owner.pop(call)
+        actor, epoch = self.owner.pop(call)
         actor.pending.discard(call)
         try:
             reply: TakeReply = ray.get(call)
@@ -205,13 +221,12 @@ class RayActors:
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
             # The process died (its unrolls in the object store with it): Ray restarts it, and the
             # takes sent from now on wait for the new process, which gets a new generation of seeds.
-            # Keep a reason already known (a hang found, a loop that raised) over Ray's report of the kill.
-            actor.last_error = actor.last_error or first_line(error)
-            actor.next_generation(self.learner.counters.updates)
+            if epoch == actor.epoch and actor.down_since is None:
+                actor.last_error = first_line(error)
+                self._went_down(actor)
             return
         actor.last_reply = time.monotonic()
         if reply.where is not None:
-            actor.killed = False
             self._started(actor, reply.where)
         for unroll in reply.unrolls:
             self.assembler.add(*unroll)
@@ -231,7 +246,8 @@ class RayActors:
             if not answered and now - actor.probe_sent < timeout:
                 continue
             try:
-                silent = ray.get(actor.probe) if answered else math.inf
+                # Unanswered by an actor waiting for its restart: not hung, waiting (check_health says so).
+                silent = ray.get(actor.probe) if answered else 0.0 if actor.down_since is not None else math.inf
             except ray.exceptions.RayActorError:
                 silent = 0.0  # it died; Ray restarts it
             actor.probe = None
@@ -246,31 +262,42 @@ class RayActors:
         trace = failure.trace if failure is not None else str(error)
         if failure is not None and failure.fatal:
             raise ActorFailed(f"actor {actor.actor_id} failed:\n{trace.rstrip()}")
-        if not actor.killed:
+        if actor.down_since is None:
             actor.last_error = trace.strip().splitlines()[-1]  # the exception, after its traceback
             self._kill(actor)
 
     def _kill(self, actor: RayActorHandle) -> None:
         """Kill the actor's process so that Ray restarts it (once: its other calls fail too)."""
-        actor.killed = True
-        actor.next_generation(self.learner.counters.updates)
+        self._went_down(actor)
         ray.kill(actor.handle, no_restart=False)
 
+    def _went_down(self, actor: RayActorHandle) -> None:
+        """The actor's process is gone (``last_error`` says why), as Ray or the learner reports it:
+        said and counted now, marked in run_info.json; Ray brings it back where there is room."""
+        actor.down_since, actor.stall_reported = time.monotonic(), False
+        actor.epoch += 1
+        actor.next_generation(self.learner.counters.updates)
+        if actor.incarnations and "ended_at" not in actor.incarnations[-1]:
+            actor.incarnations[-1].update(ended_at=time.time(), end=actor.last_error)
+        write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
+        self.supervision.restarted(actor, f"failed ({actor.last_error})", "Ray brings it back where there is room")
+
     def _started(self, actor: RayActorHandle, where: dict) -> None:
-        """A fresh process of ``actor`` served its first unroll: a restart unless it is the first."""
-        actor.incarnations.append({"generation": actor.generation, **where, "started_at": time.time()})
+        """A fresh process of ``actor`` served its first unroll."""
+        generation = actor.generation  # what it started with
+        if actor.incarnations and actor.down_since is None:  # its old process went unnoticed
+            actor.last_error = "its process was replaced"
+            self._went_down(actor)
+        actor.incarnations.append({"generation": generation, **where, "started_at": time.time()})
         if len(actor.incarnations) > 1:
-            self._count_restart(actor, where)
+            self.supervision.report(f"actor {actor.actor_id}: Ray restarted it on node {where['node_id'][:12]} "
+                                    f"({where['host']}, pid {where['pid']}) after "
+                                    f"{time.monotonic() - actor.down_since:.0f} s")
+        actor.down_since, actor.last_error = None, ""
         write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
 
-    def _count_restart(self, actor: RayActorHandle, where: dict) -> None:
-        reason = actor.last_error or "its process was replaced"
-        self.supervision.restarted(actor, f"failed ({reason})", f"Ray restarted it on node {where['node_id'][:12]} "
-                                   f"({where['host']}, pid {where['pid']})")
-        actor.last_error = ""
-
     def _restarting(self) -> str:
-        starting = [actor.actor_id for actor in self.actors if actor.last_error]
+        starting = [actor.actor_id for actor in self.actors if actor.down_since is not None]
         return (f"; actors waiting for Ray to restart them: {starting or 'none'}; is the cluster short of "
                 "resources? `ray status` shows it")
 
