@@ -17,7 +17,6 @@ from typing import Iterator
 
 from impactrl.config import TrainConfig, ray_actor_resources
 from impactrl.errors import UserError
-from impactrl.runtime.ray import reaper
 
 try:
     import ray
@@ -135,6 +134,8 @@ def plain_output() -> None:
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
+INSTANCE_VARIABLE = "IMPACTRL_RAY_INSTANCE"
+REAPER = Path(__file__).with_name("reaper.py")
 _reaper_pipe: int | None = None  # the write end: open exactly as long as this process lives
 
 
@@ -147,9 +148,9 @@ def reap_with_this_process() -> None:
         return
     marker = uuid.uuid4().hex
     read, _reaper_pipe = os.pipe()  # not inherited by the processes Ray starts: only this one holds it
-    environment = {key: value for key, value in os.environ.items() if key != reaper.VARIABLE}
-    subprocess.Popen([sys.executable, "-I", reaper.__file__, marker, str(read)], pass_fds=(read,), env=environment,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    environment = {key: value for key, value in os.environ.items() if key != INSTANCE_VARIABLE}
+    subprocess.Popen([sys.executable, "-I", str(REAPER), f"{INSTANCE_VARIABLE}={marker}", str(read)],
+                     pass_fds=(read,), env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(read)
-    os.environ[reaper.VARIABLE] = marker
+    os.environ[INSTANCE_VARIABLE] = marker

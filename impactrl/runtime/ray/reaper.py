@@ -1,12 +1,12 @@
 """The reaper of a local Ray instance: kills what is left of it once the learner that started it is
 gone, however it ended (a SIGKILLed driver runs no cleanup, and Ray's agents outlive it).
 
-Run as a script (``python -I reaper.py MARKER FD``), importing nothing of impactrl or Ray. It
+Run as a script (``python -I reaper.py NAME=VALUE FD``), importing nothing of impactrl or Ray. It
 waits on the read end FD of a pipe whose write end only the learner holds, so its end of file
 means the learner is gone. Meanwhile, every second, it notes the learner's descendants (Ray's
 servers, agents and workers; pid and start time, so a reused pid is never taken for one). Then
-it SIGKILLs those still there and every process whose environment carries
-``IMPACTRL_RAY_INSTANCE=MARKER``, which the learner set before starting the instance (an agent's
+it SIGKILLs those still there and every process whose environment carries ``NAME=VALUE``
+(``IMPACTRL_RAY_INSTANCE=...``), which the learner set before starting the instance (an agent's
 environment can be overwritten by its process title, hence both). No other process is touched.
 Linux (/proc) only; elsewhere it does nothing.
 """
@@ -17,8 +17,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-
-VARIABLE = "IMPACTRL_RAY_INSTANCE"
 
 
 def processes() -> dict[int, tuple[int, str]]:
@@ -75,7 +73,7 @@ def kill(targets: set[tuple[int, str]]) -> int:
     return killed
 
 
-def main(marker: str, fd: int) -> None:
+def main(entry: bytes, fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the learner
     learner = os.getppid()
     known: set[tuple[int, str]] = set()
@@ -83,7 +81,6 @@ def main(marker: str, fd: int) -> None:
         if select.select([fd], [], [], 1.0)[0] and not os.read(fd, 1):
             break
         known |= descendants(learner)
-    entry = f"{VARIABLE}={marker}".encode()
     deadline = time.monotonic() + 60  # a process may start (a worker being spawned) as others go
     quiet = 0
     while time.monotonic() < deadline and quiet < 10:
@@ -92,4 +89,4 @@ def main(marker: str, fd: int) -> None:
 
 
 if __name__ == "__main__" and Path("/proc").is_dir():
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1].encode(), int(sys.argv[2]))
