@@ -37,10 +37,11 @@ def actor_pids(pid: int) -> list[int]:
     return [child for child in children_of(pid) if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
 
 
-def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path):
+@pytest.mark.parametrize("algo", ["impala", "ppo"])
+def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path, algo: str):
     process = subprocess.Popen(
-        [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "80000", "--out", str(run_dir), *FAST],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "impactrl", "train", "--algo", algo, "--total-env-steps", "80000", "--out", str(run_dir),
+         *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
@@ -57,6 +58,8 @@ def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path):
     last = read_metrics(run_dir)[-1]
     assert last["env_steps"] >= 80000 and last["actor_restarts"] >= 1
     assert sum(actor.get("restarts", 0) for actor in last["actor"].values()) == last["actor_restarts"]
+    if algo == "ppo":  # synchronous: every unroll trained on was acted with the newest weights, restart or not
+        assert all(record["policy_lag_max"] in (0, None) for record in read_metrics(run_dir))
 
 
 def test_env_errors_are_survived_and_counted(run_dir: Path):

@@ -190,6 +190,35 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+def test_a_restarted_synchronous_actor_waits_for_a_publication_newer_than_its_last_unroll():
+    """PPO takes one unroll per actor and publication: an actor killed after its unroll arrived
+    comes back waiting for the next publication instead of acting once more with the last."""
+    config = TrainConfig(env="CartPole-v1", algo="ppo", num_actors=1, envs_per_actor=2, unroll_length=5)
+    learner, spec = build_learner(config, None)
+    ctx = mp.get_context("spawn")
+    store = SlotStore(spec, config.effective_rollout_slots, shared=True)
+    weights = SharedWeights(learner.agent, ctx)
+    weights.publish(learner.agent, 5)
+    actors = LocalActors(config, learner, store, weights, ctx, print)
+    actors.start_all()
+    try:
+        assert actors.next_batch(timeout_s=120)[1]["policy_version"].tolist() == [5, 5]  # one unroll per env
+        actor = actors.actors[0]
+        os.kill(actor.process.pid, signal.SIGKILL)
+        actor.process.join(timeout=30)
+        actors.check_health()  # restarts it
+        deadline = time.monotonic() + 120
+        while actors.heartbeats[0].item() > time.monotonic() and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the new process beats: it is up and in its loop
+        assert actors.heartbeats[0].item() <= time.monotonic(), "the restarted actor never started"
+        assert actors.next_batch(timeout_s=2.0) is None  # it waits: no second unroll from publication 1
+        weights.publish(learner.agent, 6)
+        assert actors.next_batch(timeout_s=120)[1]["policy_version"].tolist() == [6, 6]
+    finally:
+        actors.stop_all()
+
+
+@pytest.mark.slow
 def test_train_writes_contract_outputs(finished_run: Path):
     records = read_metrics(finished_run)
     assert records and all(CONTRACT_KEYS <= set(record) for record in records)

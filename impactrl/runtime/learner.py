@@ -30,7 +30,6 @@ import contextlib
 import functools
 import math
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -44,7 +43,7 @@ from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, BatchAssembler, keep_unrolls, restack_frames, to_device
 from impactrl.diagnostics import LiveDiagnostics
 from impactrl.envs.tasks import reward_threshold, task_ids, task_labels
-from impactrl.errors import ActorFailed, TrainingDiverged
+from impactrl.errors import TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import DEAD_UNIT_SAMPLE, Agent
 
@@ -81,24 +80,6 @@ class LearnerCounters:
 LEARNER_STAGES = ("receive", "assemble", "transfer", "train", "publish")
 
 RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
-
-
-def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
-                  failure: str) -> int:
-    """Count a restart of ``actor_id`` against the budget (``max_actor_restarts`` within
-    ``actor_restart_window_s``; ``recent`` holds the times of its restarts); ActorFailed, naming
-    the actor and ``failure``, when the budget is spent. Returns its restarts in the window."""
-    now = time.monotonic()
-    while recent and now - recent[0] > config.actor_restart_window_s:
-        recent.popleft()
-    if len(recent) >= config.max_actor_restarts:
-        raise ActorFailed(f"actor {actor_id} {failure}, after {len(recent)} restarts in the last "
-                          f"{config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
-                          f"--actor-restart-window-s {config.actor_restart_window_s:g})")
-    recent.append(now)
-    counters.actor_restarts += 1
-    counters.actor_restarts_by_id[str(actor_id)] = counters.actor_restarts_by_id.get(str(actor_id), 0) + 1
-    return len(recent)
 
 
 class Learner:

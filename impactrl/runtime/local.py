@@ -281,12 +281,12 @@ def start_actor_process(stop, parent_pid: int) -> Callable[[], bool]:
 
 def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: SharedWeights, store: SlotStore,
                   free_slots: list[int], returns: Connection, commits: Connection, heartbeats: torch.Tensor,
-                  stop, reward_stats: np.ndarray | None, parent_pid: int) -> None:
+                  stop, reward_stats: np.ndarray | None, committed_with: int | None, parent_pid: int) -> None:
     should_stop = start_actor_process(stop, parent_pid)
     try:
         endpoint = ActorEndpoint(store, actor_id, free_slots, returns, commits, heartbeats, should_stop)
         weights.attach(endpoint.heartbeat, should_stop)
-        run_actor(config, actor_id, weights, endpoint, should_stop, generation, reward_stats)
+        run_actor(config, actor_id, weights, endpoint, should_stop, generation, reward_stats, committed_with)
     except Stopping:
         return
     except BaseException as error:
@@ -363,7 +363,8 @@ class LocalActors:
             process = self.ctx.Process(
                 target=actor_process, name=f"impactrl-actor-{lead.actor_id}", daemon=True,
                 args=(self.config, lead.actor_id, lead.generation, self.weights, self.store, lead.slots, readers[0],
-                      writers[0], self.heartbeats, self.stop, self.learner.reward_stats_of(lead.actor_id), os.getpid()))
+                      writers[0], self.heartbeats, self.stop, self.learner.reward_stats_of(lead.actor_id),
+                      lead.received_with, os.getpid()))
         else:
             process = self.ctx.Process(
                 target=synthetic_process, name=f"impactrl-synthetic-{lead.actor_id}", daemon=True,
@@ -451,6 +452,9 @@ class LocalActors:
                 else:
                     self.assembler.add(*self.store.unroll(message))
                     self._free(message)
+                    # Synchronous runs publish only once every actor's unroll has arrived, so
+                    # the newest publication is the one this unroll was acted with.
+                    actor.received_with = self.weights.publication()
         except (EOFError, OSError):
             # It is gone and everything it sent is read; check_health restarts it. Closed now,
             # or wait() would report the pipe ready again and again until then.

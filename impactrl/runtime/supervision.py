@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,25 @@ import torch
 from impactrl.config import TrainConfig
 from impactrl.errors import ActorFailed
 from impactrl.metrics import MetricsWriter
-from impactrl.runtime.learner import BatchSource, Learner, LearnerCounters, WeightSink, count_restart, run_learner
+from impactrl.runtime.learner import BatchSource, Learner, LearnerCounters, WeightSink, run_learner
+
+
+def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
+                  failure: str) -> int:
+    """Count a restart of ``actor_id`` against the budget (``max_actor_restarts`` within
+    ``actor_restart_window_s``; ``recent`` holds the times of its restarts); ActorFailed, naming
+    the actor and ``failure``, when the budget is spent. Returns its restarts in the window."""
+    now = time.monotonic()
+    while recent and now - recent[0] > config.actor_restart_window_s:
+        recent.popleft()
+    if len(recent) >= config.max_actor_restarts:
+        raise ActorFailed(f"actor {actor_id} {failure}, after {len(recent)} restarts in the last "
+                          f"{config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
+                          f"--actor-restart-window-s {config.actor_restart_window_s:g})")
+    recent.append(now)
+    counters.actor_restarts += 1
+    counters.actor_restarts_by_id[str(actor_id)] = counters.actor_restarts_by_id.get(str(actor_id), 0) + 1
+    return len(recent)
 
 
 @dataclass
@@ -37,6 +56,9 @@ class ActorHandle:
     generation: int = -1  # of its seeds: a new process gets a new one
     restarts: deque = field(default_factory=deque)  # monotonic times of recent restarts
     last_error: str | None = None  # why its last process ended, when known
+    # The publication its newest unroll to reach the learner was acted with: a restarted
+    # synchronous (PPO) actor waits for a newer one rather than act with it again.
+    received_with: int | None = None
 
     def next_generation(self, updates: int) -> int:
         """A new process's seed generation: never one used before, and past the learner's updates

@@ -30,6 +30,7 @@ class StartArgs(NamedTuple):
 
     generation: int
     reward_stats: np.ndarray | None
+    committed_with: int | None = None  # run_actor's: the publication its predecessor's last received unroll used
 
 
 class TakeReply(NamedTuple):
@@ -170,7 +171,7 @@ class RayActor:
             # Ray kills this process at the end of the run, so the loop never stops by itself.
             if self.synthetic is None:
                 run_actor(self.config, self.actor_ids[0], self.weights, self.outboxes[self.actor_ids[0]], lambda: False,
-                          start.generation, start.reward_stats)
+                          start.generation, start.reward_stats, start.committed_with)
             else:
                 recorded, reward_stats = record_unrolls(self.config, self.spec, self.actor_ids[0], start.generation,
                                                         self.weights, self.synthetic.recorded_unrolls)

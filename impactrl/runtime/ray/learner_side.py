@@ -55,6 +55,10 @@ class ObjectStoreWeightSink:
     def publish(self, agent: Agent, version: int) -> None:
         self.agent, self.version, self.unshipped = agent, version, True
 
+    def publication(self) -> int:
+        """The newest publication shipped to actors (0 before the first)."""
+        return 0 if self.message is None else self.message.publication
+
     def latest(self) -> WeightsMessage:
         message = self.message
         if self.unshipped:
@@ -202,7 +206,8 @@ class RayActors:
         for actor in self.actors:
             while len(actor.pending) + actor.held < self.in_flight:
                 call = actor.handle.take.remote(
-                    actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id)), weights)
+                    actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id),
+                                              actor.received_with), weights)
                 actor.pending.add(call)
                 self.owner[call] = actor, actor.epoch
         if self.board is not None and weights.publication > self.posted:
@@ -231,6 +236,8 @@ class RayActors:
         for unroll in reply.unrolls:
             self.assembler.add(*unroll)
         actor.held += len(reply.unrolls)
+        if reply.unrolls:  # synchronous runs: acted with the newest publication (see LocalActors._drain)
+            actor.received_with = self.weights.publication()
 
     def _find_hung(self) -> None:
         """Kill actors that sent nothing for ``actor_stall_timeout_s`` while asked, and whose loop
