@@ -108,12 +108,15 @@ def actors_blocked(records: Records, config: TrainConfig) -> Finding | None:
     records = recent(records)
     wait = typical(records, "time/actor_wait_fraction")
     learner_wait = typical(records, "time/learner_wait_fraction")
+    lag = typical(records, "policy_lag_mean")
     # The learner never idles while the actors do: it is the bottleneck. (PPO's actors wait for
-    # new weights by design.)
-    if config.synchronous or wait is None or wait < 0.3 or learner_wait is None or learner_wait > 0.1:
+    # new weights by design.) A finding only once the queued unrolls are stale enough to matter:
+    # below LAG_LIMIT an actor's idle time costs the run nothing but a core it leaves to the learner.
+    if (config.synchronous or wait is None or wait < 0.3 or learner_wait is None or learner_wait > 0.1
+            or lag is None or lag < LAG_LIMIT):
         return None
     return Finding("actors_blocked", f"the actors waited for a free slot {wait:.0%} of their time, the learner "
-                   f"for data {learner_wait:.0%} of its time",
+                   f"for data {learner_wait:.0%} of its time, at a policy lag of {lag:.1f} updates",
                    "the learner is the bottleneck: unrolls queue up while the actors idle, and queued unrolls "
                    "grow stale", "a faster learner (--device cuda; --learner-precision bfloat16 on CPUs with "
                    "AMX/AVX-512 BF16), fewer actors (--num-actors), or, for IMPACT, fewer SGD steps per batch "

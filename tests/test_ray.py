@@ -203,9 +203,9 @@ def test_a_hung_actor_is_killed_and_restarted_by_ray(run_dir: Path, tmp_path: Pa
     markers = tmp_path / "markers"
     markers.mkdir()
     result = run_faulty(run_dir, "HangingCartPole-v0", "--runtime", "ray", "--total-env-steps", "20000",
-                        "--num-actors", "1", "--actor-stall-timeout-s", "3", markers=markers)
+                        "--num-actors", "1", "--actor-stall-timeout-s", "10", markers=markers)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "sent no heartbeat for 3 s (hung)" in result.stderr
+    assert "sent no heartbeat for 10 s (hung)" in result.stderr
     assert read_metrics(run_dir)[-1]["actor_restarts"] == 1
 
 
