@@ -20,7 +20,7 @@ from impactrl.config import TrainConfig
 from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, data_bytes, restack_frames, to_device
 from impactrl.runtime.actor import Actor
 from impactrl.metrics import MetricsWriter
-from impactrl.runtime.learner import LEARNER_STAGES, LearnerLoop
+from impactrl.runtime.learner import LEARNER_STAGES, Learner, LearnerLoop
 from impactrl.runtime.local import LocalActors, SharedWeights
 from impactrl.runtime.supervision import StopRequests
 from impactrl.training import build_learner
@@ -146,10 +146,8 @@ def test_pinned_assembled_batches_reach_the_device_intact():
         assert (moved["reward"] == round_).all()
 
 
-def test_full_slots_make_actors_wait():
-    """With nobody consuming, an actor fills every slot it owns and then blocks: memory stays bounded."""
-    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2, unroll_length=5,
-                         rollout_slots=3)
+def start_local_actors(config: TrainConfig) -> tuple[Learner, SlotStore, SharedWeights, LocalActors]:
+    """The local runtime's actor processes for ``config``, started with weights of version 5."""
     learner, spec = build_learner(config, None)
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.effective_rollout_slots, shared=True)
@@ -157,6 +155,14 @@ def test_full_slots_make_actors_wait():
     weights.publish(learner.agent, 5)
     actors = LocalActors(config, learner, store, weights, ctx, print)
     actors.start_all()
+    return learner, store, weights, actors
+
+
+def test_full_slots_make_actors_wait():
+    """With nobody consuming, an actor fills every slot it owns and then blocks: memory stays bounded."""
+    config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2, unroll_length=5,
+                         rollout_slots=3)
+    learner, store, weights, actors = start_local_actors(config)
     try:
         # The learner reads until one batch (one slot here) is complete, then leaves the rest
         # unread: the actor fills its other two slots and the freed one, then waits.
@@ -194,13 +200,7 @@ def test_a_restarted_synchronous_actor_waits_for_a_publication_newer_than_its_la
     """PPO takes one unroll per actor and publication: an actor killed after its unroll arrived
     comes back waiting for the next publication instead of acting once more with the last."""
     config = TrainConfig(env="CartPole-v1", algo="ppo", num_actors=1, envs_per_actor=2, unroll_length=5)
-    learner, spec = build_learner(config, None)
-    ctx = mp.get_context("spawn")
-    store = SlotStore(spec, config.effective_rollout_slots, shared=True)
-    weights = SharedWeights(learner.agent, ctx)
-    weights.publish(learner.agent, 5)
-    actors = LocalActors(config, learner, store, weights, ctx, print)
-    actors.start_all()
+    learner, store, weights, actors = start_local_actors(config)
     try:
         assert actors.next_batch(timeout_s=120)[1]["policy_version"].tolist() == [5, 5]  # one unroll per env
         actor = actors.actors[0]
