@@ -3,8 +3,8 @@ gone, however it ended (a SIGKILLed driver runs no cleanup, and Ray's agents out
 
 Run as a script (``python -I reaper.py NAME=VALUE FD``), importing nothing of impactrl or Ray. It
 waits on the read end FD of a pipe whose write end only the learner holds, so its end of file
-means the learner is gone. Meanwhile, every second, it notes the learner's descendants (Ray's
-servers, agents and workers; pid and start time, so a reused pid is never taken for one). Then
+means the learner is gone. Meanwhile, every second, it notes the learner's descendants that are
+Ray's (its servers, agents and workers; pid and start time, so a reused pid is never taken for one). Then
 it SIGKILLs those still there and every process whose environment carries ``NAME=VALUE``
 (``IMPACTRL_RAY_INSTANCE=...``), which the learner set before starting the instance (an agent's
 environment can be overwritten by its process title, hence both). No other process is touched.
@@ -33,7 +33,19 @@ def processes() -> dict[int, tuple[int, str]]:
     return found
 
 
+def is_ray(pid: int) -> bool:
+    """Ray's own processes name themselves (``ray::DashboardAgent``, ``raylet``, ``gcs_server``) or
+    run from its package; anything else the learner's process started (a program calling
+    ``impactrl.train``) is not the reaper's."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(mark in command for mark in (b"ray::", b"/ray/", b"raylet", b"gcs_server"))
+
+
 def descendants(root: int) -> set[tuple[int, str]]:
+    """The Ray processes below ``root``."""
     table = processes()
     children: dict[int, list[int]] = {}
     for pid, (parent, _) in table.items():
@@ -42,7 +54,8 @@ def descendants(root: int) -> set[tuple[int, str]]:
     while todo:
         for child in children.get(todo.pop(), []):
             if child != os.getpid():
-                found.add((child, table[child][1]))
+                if is_ray(child):
+                    found.add((child, table[child][1]))
                 todo.append(child)
     return found
 
