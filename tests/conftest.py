@@ -44,6 +44,15 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+@pytest.fixture
+def debug_checks():
+    """The ops' debug checks on (types, dtypes, devices, hyperparameters): for the tests that they fire."""
+    from impactrl.ops import checks
+
+    with checks.debug_checks():
+        yield
+
+
 FINISHED_RUN_STEPS = 2000
 
 

@@ -20,7 +20,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impactrl.ops import checks
 from impactrl.ops.gae import GAEReturns, generalized_advantage_estimation
 from impactrl.ops.policy_losses import (
     adaptive_kl_coefficient,
@@ -29,13 +28,6 @@ from impactrl.ops.policy_losses import (
     value_loss,
 )
 from impactrl.ops.returns import discounted_returns
-
-
-@pytest.fixture
-def debug_checks():
-    """The ops' debug checks on (types, dtypes, devices, hyperparameters): the tests that they fire."""
-    with checks.debug_checks():
-        yield
 
 
 FAST = settings(max_examples=40, deadline=None)

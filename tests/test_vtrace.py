@@ -19,16 +19,8 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from impactrl.ops import checks
 from impactrl.ops.returns import bootstrap_truncations, discounted_returns, explained_variance
 from impactrl.ops.vtrace import VTraceReturns, vtrace_from_importance_weights
-
-
-@pytest.fixture
-def debug_checks():
-    """The ops' debug checks on (types, dtypes, devices, hyperparameters): the tests that they fire."""
-    with checks.debug_checks():
-        yield
 
 
 DTYPES = [torch.float32, torch.float64]
