@@ -17,6 +17,7 @@ import numpy as np
 from impactrl.plotting import curve, read_records
 
 LAST_FRACTION = 0.1  # a run's final return: the mean of its logged returns over the last 10% of its steps
+EPISODES = 100  # Gymnasium's "solved" window, and the Atari papers' 100-game mean
 
 
 def impactrl(*args: str) -> None:
@@ -82,6 +83,21 @@ def mean_std(values: list[float | None], digits: int = 2) -> str:
     text = f"{np.mean(present):.{digits}f} ± {np.std(present):.{digits}f}"
     return text if len(present) == len(values) else f"{text} ({len(present)} of {len(values)})"
 
+
+def hundred_episode_means(records: list[dict]) -> list[tuple[int, float]]:
+    """(env steps, mean return) over each run of consecutive metrics lines that holds at least
+    ``EPISODES`` episodes, ending at every line: each line's mean weighted by its episode count."""
+    lines = [(r["env_steps"], r["episodes"], r["episode_return_mean"]) for r in records if r["episodes"]]
+    means = []
+    for end in range(len(lines)):
+        count, total, start = 0, 0.0, end
+        while start >= 0 and count < EPISODES:
+            count += lines[start][1]
+            total += lines[start][1] * lines[start][2]
+            start -= 1
+        if count >= EPISODES:
+            means.append((lines[end][0], total / count))
+    return means
 
 
 def compare(out: Path, env: str, variants: dict[str, list[str]], seeds: list[int], steps: int,

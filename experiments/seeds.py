@@ -21,27 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import train, write_table
+from common import EPISODES, hundred_episode_means, train, write_table
 from impactrl.plotting import read_records
-
-EPISODES = 100  # Gymnasium's "solved" window
-
-
-def hundred_episode_means(records: list[dict]) -> list[tuple[int, float]]:
-    """(env steps, mean return) over each run of consecutive metrics lines that holds at least
-    ``EPISODES`` episodes, ending at every line: each line's mean weighted by its episode count."""
-    lines = [(r["env_steps"], r["episodes"], r["episode_return_mean"]) for r in records if r["episodes"]]
-    means = []
-    for end in range(len(lines)):
-        count, total, start = 0, 0.0, end
-        while start >= 0 and count < EPISODES:
-            count += lines[start][1]
-            total += lines[start][1] * lines[start][2]
-            start -= 1
-        if count >= EPISODES:
-            means.append((lines[end][0], total / count))
-    return means
-
 
 def parse_seeds(text: str) -> list[int]:
     """``1-10`` or ``1,2,5``."""
