@@ -673,8 +673,20 @@ def test_build_agent_continuous_user_errors():
     assert "\n" not in msg and "finite" in msg and "Box(-inf, inf, (2,), float32)" in msg
     with pytest.raises(UserError, match="use_lstm"):
         build_agent(vec, gym.spaces.Discrete(2), separate_value_network=True, use_lstm=True)
-    image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    with pytest.raises(UserError, match="1-D float observations"):
-        build_agent(image, gym.spaces.Discrete(2), normalize_observations=True)
+    with pytest.raises(UserError, match="1-D float observations or uint8 pixel frames"):
+        build_agent(gym.spaces.Box(0, 1, (4, 10, 10), np.uint8), gym.spaces.Discrete(2), normalize_observations=True)
     with pytest.raises(UserError, match="1-D float observations"):
         build_agent(gym.spaces.Box(0, 1, (4,), np.int64), gym.spaces.Discrete(2), normalize_observations=True)
+
+
+def test_pixel_frames_are_centred_on_their_running_mean_not_divided_by_their_std():
+    """A pixel that never changes stays at 0 instead of blowing up, and the torso sees (x − mean) / 255."""
+    image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    agent = build_agent(image, gym.spaces.Discrete(3), normalize_observations=True)
+    frames = torch.full((16, 4, 84, 84), 100, dtype=torch.uint8)
+    frames[::2, :, 40, 40] = 200  # one pixel that changes
+    agent.obs_norm.update(frames)
+    centred = agent.obs_norm(frames)
+    expected = (frames.double() - frames.double().mean(0)) / 255
+    torch.testing.assert_close(centred.double(), expected, rtol=0, atol=1e-6)
+    assert float(centred[:, :, 0, 0].abs().max()) == 0.0

@@ -136,7 +136,8 @@ class ModelSettings:
     separate_value_network: bool = False
     """Give the value function its own torso (CleanRL's MuJoCo PPO network); not with the LSTM."""
     normalize_observations: bool = False
-    """Normalise vector observations by running mean and std; the statistics travel with the weights."""
+    """Normalise vector observations by running mean and std, centre pixel frames on their running
+    per-pixel mean; the statistics travel with the weights."""
     popart: bool = False
     """IMPALA, IMPACT: PopArt (Hessel et al. 2019): value targets normalised per task by running
     statistics, with the value head rewritten to preserve its outputs; lets tasks with different

@@ -309,16 +309,20 @@ def _policy_head_factory(
 
 
 def _build_obs_norm(observation_space: gym.Space) -> RunningNorm:
-    if (
-        not isinstance(observation_space, gym.spaces.Box)
-        or len(observation_space.shape) != 1
-        or not np.issubdtype(observation_space.dtype, np.floating)
-    ):
-        raise UserError(
-            f"normalize_observations needs 1-D float observations, but the observation space is "
-            f"{_describe(observation_space)}"
-        )
-    return RunningNorm(observation_space.shape)
+    """Per-feature mean and std for 1-D float observations; for pixel frames (uint8, 0–255) the
+    per-pixel mean only, scaled like the torso's frames (1/255). Centred frames keep a first
+    convolution's units alive: on frames that barely change, an uncentred filter's response is
+    its weights' sum times the background, which updates that move all its weights one way push
+    below zero on every frame for good (docs/results.md#pong-the-dying-first-convolution)."""
+    if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1 \
+            and np.issubdtype(observation_space.dtype, np.floating):
+        return RunningNorm(observation_space.shape)
+    if isinstance(observation_space, gym.spaces.Box) and _uint8_scale(observation_space) != 1.0:
+        return RunningNorm(observation_space.shape, fixed_scale=_uint8_scale(observation_space))
+    raise UserError(
+        f"normalize_observations needs 1-D float observations or uint8 pixel frames, but the observation "
+        f"space is {_describe(observation_space)}"
+    )
 
 
 def build_agent(
@@ -348,7 +352,7 @@ def build_agent(
     Discrete actions.
 
     ``normalize_observations`` puts a ``RunningNorm`` (``agent.obs_norm``) in front of the torso
-    (1-D float observations only); the learner must call ``agent.obs_norm.update(obs)`` itself.
+    (1-D float observations: mean and std; uint8 pixel frames: the mean only); the learner must call ``agent.obs_norm.update(obs)`` itself.
     ``separate_value_network`` gives the value head its own torso of the same kind
     (``agent.value_torso``), as in CleanRL's MuJoCo PPO; feed-forward agents only.
 

@@ -8,6 +8,8 @@ updates, so actors and learner normalise identically with the weights they hold.
 The statistics follow gymnasium's ``RunningMeanStd`` (Chan et al. parallel merge, ``count``
 starting at ``epsilon``, ``var`` at 1, ``mean`` at 0) and are kept in float64 whatever dtype the
 module is cast to; ``forward`` computes ``clip((x − mean) / sqrt(var + eps), ±clip)`` in float32.
+With ``fixed_scale`` (pixel frames) it computes ``(x − mean) · fixed_scale`` instead: centring without
+the division, which would blow up pixels that almost never change into ±clip spikes.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ class RunningNorm(nn.Module):
         shape: shape of one observation (the trailing dims of the inputs).
         clip: the normalised output is clipped to ``[-clip, clip]``.
         epsilon: initial ``count`` and the variance offset under the square root.
+        fixed_scale: multiply the centred inputs by this instead of dividing them by their std.
     """
 
-    def __init__(self, shape: int | Sequence[int], clip: float = 10.0, epsilon: float = 1e-8) -> None:
+    def __init__(self, shape: int | Sequence[int], clip: float = 10.0, epsilon: float = 1e-8,
+                 fixed_scale: float | None = None) -> None:
         super().__init__()
+        self.fixed_scale = fixed_scale
         self.shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         self.clip = float(clip)
         self.epsilon = float(epsilon)
@@ -54,28 +59,33 @@ class RunningNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x.to(torch.float32)
         mean = self.mean.to(torch.float32)
+        if self.fixed_scale is not None:
+            return (x - mean).mul_(self.fixed_scale)
         std = torch.sqrt(self.var + self.epsilon).to(torch.float32)
         return ((x - mean) / std).clamp(-self.clip, self.clip)
 
     @torch.no_grad()
     def update(self, batch: Tensor | np.ndarray) -> None:
         """Merge the observations ``batch`` (``[..., *shape]``, any leading dims) into the stats."""
-        x = torch.as_tensor(batch).to(device=self.mean.device, dtype=torch.float64)
+        x = torch.as_tensor(batch).to(device=self.mean.device)
         if x.dim() < len(self.shape) or tuple(x.shape[x.dim() - len(self.shape):]) != self.shape:
             raise ValueError(f"RunningNorm of shape {self.shape} got a batch of shape {tuple(x.shape)}")
         x = x.reshape((-1,) + self.shape)
         batch_count = x.shape[0]
         if batch_count == 0:
             return
-        batch_mean = x.mean(dim=0)
-        batch_var = x.var(dim=0, unbiased=False)
+        if self.fixed_scale is None:
+            x = x.to(torch.float64)
+        batch_mean = x.mean(dim=0, dtype=torch.float64)  # a frame batch's mean without a float64 copy of it
         delta = batch_mean - self.mean
         total = self.count + batch_count
-        new_mean = self.mean + delta * (batch_count / total)
-        m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
-        self.mean.copy_(new_mean)
-        self.var.copy_(m2 / total)
+        if self.fixed_scale is None:  # forward uses the variance only when it divides by the std
+            batch_var = x.var(dim=0, unbiased=False)
+            m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
+            self.var.copy_(m2 / total)
+        self.mean.add_(delta * (batch_count / total))
         self.count.copy_(total)
 
     def extra_repr(self) -> str:
-        return f"shape={self.shape}, clip={self.clip}, epsilon={self.epsilon}"
+        scaling = f"clip={self.clip}" if self.fixed_scale is None else f"fixed_scale={self.fixed_scale:g}"
+        return f"shape={self.shape}, {scaling}, epsilon={self.epsilon}"
