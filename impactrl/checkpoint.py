@@ -76,10 +76,11 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int) -> Path:
-    """Write ``state`` as ``checkpoints/NAME.pt`` with its checksum, point ``latest.pt`` at it,
-    keep the newest ``keep``. RunDirFailed (one line, no partial file left) when it cannot."""
-    directory = checkpoint_dir(run_dir)
+def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int, directory: Path | None = None) -> Path:
+    """Write ``state`` as ``checkpoints/NAME.pt`` (or ``directory/NAME.pt``, inside an existing
+    folder of the run) with its checksum, point ``latest.pt`` at it, keep the newest ``keep``.
+    RunDirFailed (one line, no partial file left) when it cannot."""
+    directory = directory or checkpoint_dir(run_dir)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getbuffer()

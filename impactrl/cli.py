@@ -26,7 +26,7 @@ import yaml
 from impactrl.config import (TrainConfig, coerce, integer_settings, load_yaml, preset_values, problems, renamed_flags,
                              to_yaml, unread_settings)
 from impactrl.config.renamed import old_flags_help
-from impactrl.errors import ActorFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
+from impactrl.errors import ActorFailed, LearnerFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.runlock import check_unlocked, hold
 
 USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
@@ -189,6 +189,9 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError('--wandb-project needs Weights & Biases: pip install -e ".[wandb]" (or pip install wandb)')
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
+    if config.device == "cuda" and config.num_learners > torch.cuda.device_count():
+        raise UserError(f"--num-learners {config.num_learners} with --device cuda needs one GPU per learner; "
+                        f"PyTorch sees {torch.cuda.device_count()}")
     tasks = run_tasks(config)
     check_where_actors_run(tasks.ids, env_options(config))
     family = env_family(tasks.ids[0])
@@ -222,12 +225,12 @@ def note_transposed_images(config: TrainConfig, tasks, family: str) -> None:
 def check_memory(config: TrainConfig, slot_bytes: int, family: str) -> None:
     """Refuse rollout data, or actor processes with it, beyond 80% of the available memory (saying how
     many actors fit); warn about many more actors than cores."""
-    # The slots, plus the learner's copies: the batch being gathered, one pending and IMPACT's buffer.
+    # Per learner, the slots plus its copies: the batch being gathered, one pending and IMPACT's buffer.
     batches_held = 2 + (config.buffer_batches if config.algo == "impact" else 0)
 
     def rollout_bytes(num_actors: int) -> int:  # the slot count (and PPO's batch) follow the actors
         sized = dataclasses.replace(config, num_actors=num_actors)
-        return slot_bytes * (sized.effective_rollout_slots + batches_held * sized.slots_per_batch)
+        return config.num_learners * slot_bytes * (sized.effective_rollout_slots + batches_held * sized.slots_per_batch)
 
     needed = rollout_bytes(config.num_actors)
     available = available_memory_bytes()
@@ -538,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except UserError as error:
         print(f"impactrl {argv[0]}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (ActorFailed, TrainingDiverged) as error:
+    except (ActorFailed, LearnerFailed, TrainingDiverged) as error:
         print(f"impactrl {argv[0]}: {stopped(error)}", file=sys.stderr)
         sys.exit(1)
     except RunDirFailed as error:

@@ -39,6 +39,10 @@ class ActorFailed(RuntimeError):
     """An actor failed beyond what restarts can fix; the learner checkpointed and stopped."""
 
 
+class LearnerFailed(RuntimeError):
+    """With several learners: one of them died or failed; learner 0 checkpointed and stopped."""
+
+
 class EnvBroken(RuntimeError):
     """An actor's envs raised on every reset after rebuilds: retrying cannot help."""
 

@@ -15,7 +15,7 @@ from impactrl.algos import make_algorithm
 from impactrl.build import make_agent, rollout_spec, run_tasks
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
-from impactrl.errors import ActorFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
+from impactrl.errors import ActorFailed, LearnerFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.metrics import MetricsWriter
 from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
@@ -65,7 +65,7 @@ def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Pat
         counters = get_runtime(config.runtime).run(config, learner, spec, run_dir, writer, **extra)
         finished = True
         return counters
-    except (KeyboardInterrupt, ActorFailed, TrainingDiverged, RunDirFailed) as error:
+    except (KeyboardInterrupt, ActorFailed, LearnerFailed, TrainingDiverged, RunDirFailed) as error:
         # cli.main shows it on the terminal, once the bar is closed; train.log gets it if it still can
         with contextlib.suppress(RunDirFailed):
             writer.log_only(run_dir_failed(error) if isinstance(error, RunDirFailed) else stopped(error))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 
@@ -27,6 +27,7 @@ from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
 from impactrl.models import Agent
 from impactrl.ops.rmsprop import RMSpropTF
+from impactrl.runtime.distributed import LearnerGroup
 
 
 def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
@@ -69,9 +70,17 @@ class LossResult(NamedTuple):
 
 
 class Algorithm(ABC):
+    # How the loss reduces over the batch's steps: "sum" (IMPALA, as the paper) or "mean". Several
+    # learners reduce their gradients the same way, so that N shards step as the whole batch would.
+    loss_reduction: ClassVar[Literal["sum", "mean"]]
+    # The keys of ``state_dict`` that hold this learner's own data (a pending batch, a buffer), which
+    # with several learners differ between them and are checkpointed per learner.
+    local_state_keys: ClassVar[tuple[str, ...]]
+
     def __init__(self, config: TrainConfig, agent: Agent):
         self.config = config
         self.agent = agent
+        self.group = LearnerGroup()  # the learners this one trains with (set by Learner.join)
         self._pending: Batch | None = None
 
     @abstractmethod
@@ -107,7 +116,7 @@ class Algorithm(ABC):
         if extras.value_targets is None:
             return {}
         head = self.agent.value_head
-        head.update(*extras.value_targets)
+        head.update(*extras.value_targets, reduce=self.group.sum)
         sigma = head.sigma()
         return {"popart/mu_mean": float(head.mu.mean()), "popart/sigma_mean": float(sigma.mean())}
 

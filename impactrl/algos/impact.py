@@ -39,6 +39,9 @@ class _HeldBatch:
 
 
 class Impact(Algorithm):
+    loss_reduction = "mean"
+    local_state_keys = ("buffer",)
+
     def __init__(self, config: TrainConfig, agent: Agent):
         super().__init__(config, agent)
         self.target = copy.deepcopy(agent).requires_grad_(False) if config.use_target_network else None
@@ -144,7 +147,8 @@ class Impact(Algorithm):
         vtrace = vtrace_targets(c, batch, target_log_prob - behaviour_log_prob, values, bootstrap_value)
         loss_values, targets, advantages = loss_terms(self.agent, batch, output, vtrace)
         if c.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            mean, std = self.group.mean_std(advantages)
+            advantages = (advantages - mean) / (std + 1e-8)
         surrogate, surrogate_stats = impact_surrogate(
             log_prob, target_log_prob, behaviour_log_prob, advantages, c.clip_param, c.target_worker_clip)
         baseline_loss = value_loss(loss_values, targets)

@@ -19,6 +19,9 @@ EXTREME_LOG_RHO = math.log(10.0)
 
 
 class Impala(Algorithm):
+    loss_reduction = "sum"
+    local_state_keys = ("pending",)
+
     def loss(self, batch: Batch) -> LossResult:
         c = self.config
         head = self.agent.policy_head

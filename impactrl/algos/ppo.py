@@ -21,6 +21,9 @@ from impactrl.ops.policy_losses import ppo_clipped_surrogate, value_loss
 
 
 class PPO(Algorithm):
+    loss_reduction = "mean"
+    local_state_keys = ("steps", "chunks")
+
     def __init__(self, config: TrainConfig, agent: Agent):
         super().__init__(config, agent)
         self.steps: Batch = {}  # the current batch's steps, flat [T * B, ...]
@@ -81,8 +84,9 @@ class PPO(Algorithm):
         policy, values = output.policy[0], output.value[0]
         log_prob = head.log_prob(policy, minibatch["action"])
         advantages = minibatch["advantages"]
-        if c.normalize_advantages and advantages.numel() > 1:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if c.normalize_advantages and advantages.numel() * self.group.size > 1:
+            mean, std = self.group.mean_std(advantages)
+            advantages = (advantages - mean) / (std + 1e-8)
         policy_loss, clip_fraction = ppo_clipped_surrogate(log_prob, minibatch["behaviour_log_prob"], advantages,
                                                            c.clip_param)
         baseline_loss = value_loss(values, minibatch["returns"], minibatch["old_values"],

@@ -12,7 +12,8 @@ from impactrl.config.settings import TrainConfig
 
 def problems(config: TrainConfig) -> list[str]:
     """Every problem with a config's values, each as a short phrase (empty when all is well)."""
-    return bound_problems(config) + batch_problems(config) + combination_problems(config) + ray_problems(config)
+    return (bound_problems(config) + batch_problems(config) + learner_problems(config) + combination_problems(config)
+            + ray_problems(config))
 
 
 def bound_problems(config: TrainConfig) -> list[str]:
@@ -43,9 +44,36 @@ def batch_problems(config: TrainConfig) -> list[str]:
     if config.algo == "ppo" and config.num_minibatches > config.steps_per_batch:
         found.append(f"num_minibatches={config.num_minibatches} exceeds the {config.steps_per_batch} steps of a batch")
     if config.rollout_slots > 0 and config.envs_per_actor >= 1 and config.slots_per_batch >= 1 \
-            and config.rollout_slots < (fewest := max(config.slots_per_batch + 1, config.num_actors)):
+            and config.rollout_slots < (fewest := max(config.slots_per_batch + 1, config.actors_per_learner)):
         found.append(f"rollout_slots={config.rollout_slots} must be >= {fewest} "
-                     "(one batch plus one slot an actor can write, and one slot per actor)")
+                     "(one learner's batch plus one slot an actor can write, and one slot per actor)")
+    return found
+
+
+def learner_problems(config: TrainConfig) -> list[str]:
+    """Several learners: each needs its own actors and an equal share of every batch (their gradients
+    are reduced in lockstep, so the shares must match)."""
+    learners = config.num_learners
+    if learners <= 1 or config.num_actors < 1 or config.envs_per_actor < 1:
+        return []
+    found = []
+    if config.num_actors < learners:
+        found.append(f"num_learners={learners} needs num_actors >= {learners} (each learner is fed by its own actors)")
+    if config.synchronous and config.num_actors % learners:
+        found.append(f"ppo with num_learners={learners} needs num_actors a multiple of {learners} "
+                     f"(each learner's batch is one unroll from each of its actors' envs), got {config.num_actors}")
+    share = learners * config.envs_per_actor
+    if not config.synchronous and config.unrolls_per_batch >= 1 and config.unrolls_per_batch % share:
+        found.append(f"unrolls_per_batch={config.unrolls_per_batch} must be a multiple of num_learners * "
+                     f"envs_per_actor = {share} (each learner takes an equal share of every batch)")
+    if config.synchronous and config.num_minibatches > config.steps_per_batch // learners:
+        found.append(f"num_minibatches={config.num_minibatches} exceeds the {config.steps_per_batch // learners} "
+                     f"steps of one learner's share of a batch")
+    if config.max_policy_lag is not None:
+        found.append("max_policy_lag with num_learners > 1 is not supported (dropped unrolls would make the "
+                     "learners' shares unequal)")
+    if config.runtime != "local":
+        found.append("num_learners > 1 runs on the local runtime only (--runtime local)")
     return found
 
 

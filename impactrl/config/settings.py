@@ -67,6 +67,11 @@ class RuntimeSettings:
     """Ray runtime, weight_delta lossy: the largest absolute difference between an actor's weight and the learner's."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Learner device; actors always run on the CPU."""
+    num_learners: int = bounded(1, at_least(1))
+    """Data-parallel learner processes (local runtime): each trains on 1/N of every batch, fed by its
+    share of the actors (actor i feeds learner i % N), and their gradients are reduced over
+    torch.distributed (gloo on the CPU, NCCL with --device cuda: one GPU each) before the same
+    optimiser step everywhere; learner 0 writes metrics and checkpoints (docs/learners.md)."""
 
     learner_threads: int = bounded(0, at_least(0))
     """Intra-op threads for the learner's PyTorch ops; 0 = the cores the actors leave free (at least 1)."""
@@ -86,7 +91,7 @@ class ActorSettings:
     """IMPALA, IMPACT: unrolls (one per environment) per learner batch; a multiple of envs_per_actor.
     PPO (synchronous) always takes one from every env: num_actors * envs_per_actor."""
     rollout_slots: int = bounded(0, at_least(0))
-    """Shared-memory rollout slots (one actor unroll each); 0 = 2 * num_actors + 2 * batch slots."""
+    """Shared-memory rollout slots (one actor unroll each) of each learner; 0 = 2 * its actors + 2 * its batch slots."""
     max_policy_lag: int | None = bounded(None, at_least(0))
     """Drop unrolls the learner would train on more than this many versions after the policy that
     produced them (counted as unrolls_dropped); None = keep all."""
@@ -299,8 +304,14 @@ class TrainConfig(FaultSettings, LoggingSettings, OptimizerSettings, PPOSettings
 
     @property
     def slots_per_batch(self) -> int:
-        """Actor unrolls (shared-memory slots) that make one learner batch."""
-        return self.effective_unrolls_per_batch // self.envs_per_actor
+        """Actor unrolls (shared-memory slots) that make one learner's batch: with several learners
+        each takes 1/num_learners of every batch."""
+        return self.effective_unrolls_per_batch // self.envs_per_actor // self.num_learners
+
+    @property
+    def actors_per_learner(self) -> int:
+        """The most actors one learner feeds on (actor i feeds learner i % num_learners)."""
+        return -(-self.num_actors // self.num_learners)
 
     @property
     def effective_target_update_period(self) -> int:
@@ -310,9 +321,9 @@ class TrainConfig(FaultSettings, LoggingSettings, OptimizerSettings, PPOSettings
 
     @property
     def effective_rollout_slots(self) -> int:
-        """Shared-memory rollout slots: rollout_slots, or when that is 0 enough for every actor to write
-        while a batch trains."""
-        return self.rollout_slots or 2 * self.num_actors + 2 * self.slots_per_batch
+        """Shared-memory rollout slots of one learner: rollout_slots, or when that is 0 enough for each of
+        its actors to write while a batch trains."""
+        return self.rollout_slots or 2 * self.actors_per_learner + 2 * self.slots_per_batch
 
     @property
     def steps_per_batch(self) -> int:

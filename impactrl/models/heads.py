@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -352,12 +353,14 @@ class PopArtValueHead(nn.Module):
         return self.mu[task], self.sigma()[task]
 
     @torch.no_grad()
-    def update(self, targets: Tensor, task: Tensor | None) -> None:
-        """ART on the value targets ``targets`` of tasks ``task`` (same shape; None: task 0), then POP."""
+    def update(self, targets: Tensor, task: Tensor | None,
+               reduce: Callable[[Tensor], Tensor] = lambda sums: sums) -> None:
+        """ART on the value targets ``targets`` of tasks ``task`` (same shape; None: task 0), then POP;
+        ``reduce`` sums the targets' moments over several learners (``art_update``)."""
         if task is None:
             task = torch.zeros(targets.shape, dtype=torch.int64, device=targets.device)
         sigma = self.sigma()
-        mu, nu = art_update(self.mu, self.nu, targets.float(), task, self.beta)
+        mu, nu = art_update(self.mu, self.nu, targets.float(), task, self.beta, reduce)
         new_sigma = popart_sigma(mu, nu, self.sigma_min, self.sigma_max)
         weight, bias = pop_preserve(self.linear.weight, self.linear.bias, self.mu, sigma, mu, new_sigma)
         self.linear.weight.copy_(weight)

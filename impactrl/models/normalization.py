@@ -14,7 +14,7 @@ the division, which would blow up pixels that almost never change into ±clip sp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -65,8 +65,10 @@ class RunningNorm(nn.Module):
         return ((x - mean) / std).clamp(-self.clip, self.clip)
 
     @torch.no_grad()
-    def update(self, batch: Tensor | np.ndarray) -> None:
-        """Merge the observations ``batch`` (``[..., *shape]``, any leading dims) into the stats."""
+    def update(self, batch: Tensor | np.ndarray, reduce: Callable[[Tensor], Tensor] = lambda sums: sums) -> None:
+        """Merge the observations ``batch`` (``[..., *shape]``, any leading dims) into the stats.
+        ``reduce`` sums over several learners' shards (their counts and sums, then their squares
+        about the common mean), so that every learner merges in the whole batch's moments."""
         x = torch.as_tensor(batch).to(device=self.mean.device)
         if x.dim() < len(self.shape) or tuple(x.shape[x.dim() - len(self.shape):]) != self.shape:
             raise ValueError(f"RunningNorm of shape {self.shape} got a batch of shape {tuple(x.shape)}")

@@ -19,6 +19,8 @@ POP, with the same update, rewrites the last layer so that V_i(x) is unchanged f
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -30,18 +32,23 @@ def popart_sigma(mu: Tensor, nu: Tensor, sigma_min: float, sigma_max: float) -> 
     return (nu - mu.square()).clamp(min=0.0).sqrt().clamp(sigma_min, sigma_max)
 
 
-def art_update(mu: Tensor, nu: Tensor, targets: Tensor, task: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+def art_update(mu: Tensor, nu: Tensor, targets: Tensor, task: Tensor, beta: float,
+               reduce: Callable[[Tensor], Tensor] = lambda sums: sums) -> tuple[Tensor, Tensor]:
     """ART: ``(μ', ν')`` after moving each task's moments towards its targets' by ``β``.
 
     ``mu``, ``nu``: ``[K]``; ``targets`` and ``task`` (int64 in ``[0, K)``): the same shape, any.
-    A task with no target in the batch keeps its statistics.
+    A task with no target in the batch keeps its statistics. ``reduce`` sums the per-task count,
+    sum and sum of squares ``[3, K]`` over several learners' shards of the batch, so that every
+    learner moves to the whole batch's moments.
     """
     K = mu.shape[0]
     task = task.reshape(-1)
     targets = targets.reshape(-1).to(mu.dtype)
-    count = torch.zeros(K, dtype=mu.dtype, device=mu.device).index_add_(0, task, torch.ones_like(targets))
-    first = torch.zeros_like(count).index_add_(0, task, targets)
-    second = torch.zeros_like(count).index_add_(0, task, targets.square())
+    sums = torch.zeros(3, K, dtype=mu.dtype, device=mu.device)
+    sums[0].index_add_(0, task, torch.ones_like(targets))
+    sums[1].index_add_(0, task, targets)
+    sums[2].index_add_(0, task, targets.square())
+    count, first, second = reduce(sums)
     present = count > 0
     step = torch.where(present, torch.full_like(mu, beta), torch.zeros_like(mu))
     denominator = count.clamp(min=1.0)

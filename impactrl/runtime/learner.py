@@ -27,6 +27,7 @@ and the loop is::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import time
@@ -37,8 +38,9 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from impactrl.algos.base import Algorithm, make_optimizer, to_floats
-from impactrl.checkpoint import restore_rng_states, rng_states, save_checkpoint
+from impactrl.algos import make_algorithm
+from impactrl.algos.base import Algorithm, LossExtras, make_optimizer, to_floats
+from impactrl.checkpoint import checkpoint_dir, restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, BatchAssembler, keep_unrolls, restack_frames, to_device
 from impactrl.diagnostics import LiveDiagnostics
@@ -46,6 +48,7 @@ from impactrl.envs.tasks import reward_threshold, task_ids, task_labels
 from impactrl.errors import TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import DEAD_UNIT_SAMPLE, Agent
+from impactrl.runtime.distributed import LearnerGroup
 
 
 class BatchSource(Protocol):
@@ -98,6 +101,7 @@ class Learner:
         self.first_layer = next(agent.torso.parameters())
         self._first_layer_steps: list[torch.Tensor] = []  # on the device until a metrics line: no sync per step
         self.counters = LearnerCounters()
+        self.group = LearnerGroup()  # alone until join
         self._unseen_obs: list[torch.Tensor] = []
         self.skipped_in_a_row = 0
         self.wall_time_progress = 0.0  # the share of max_wall_time_s spent in this invocation
@@ -106,6 +110,10 @@ class Learner:
         # checkpoints and handed to a restarted or resumed actor.
         self.reward_stats = (torch.full((config.num_actors, config.envs_per_actor, REWARD_STATS_SIZE), float("nan"),
                                         dtype=torch.float64) if config.normalize_rewards else None)
+
+    def join(self, group: LearnerGroup) -> None:
+        """Train as one of ``group``'s learners (their gradients and statistics reduced together)."""
+        self.group = self.algorithm.group = group
 
     def reward_stats_of(self, actor_id: int) -> np.ndarray | None:
         if self.reward_stats is None or actor_id >= len(self.reward_stats):
@@ -137,7 +145,8 @@ class Learner:
             self._unseen_obs.append(batch["obs"][:-1].flatten(0, 1))
         with self.autocast():
             self.algorithm.add_batch(batch)
-        self.counters.env_steps += batch["reward"].numel()
+        # Every learner takes an equal share of each batch at the same step: the count is global.
+        self.counters.env_steps += batch["reward"].numel() * self.group.size
         self.stage_seconds["transfer"] += moved - began
         self.stage_seconds["train"] += time.perf_counter() - moved
         return batch
@@ -172,8 +181,9 @@ class Learner:
             group["lr"] = self.learning_rate()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        loss, extras = self._reduce(loss.detach(), extras)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)
-        checked = to_floats({"loss": loss.detach(), "grad_norm": grad_norm})  # one sync for both
+        checked = to_floats({"loss": loss, "grad_norm": grad_norm})  # one sync for both
         if math.isfinite(checked["loss"]) and math.isfinite(checked["grad_norm"]):
             first_layer_before = self.first_layer.detach().clone()
             self.optimizer.step()
@@ -190,9 +200,20 @@ class Learner:
             # Observation statistics move only once the algorithm is done with its data, just
             # before the weights are published: the learner trains with the statistics the
             # actors used (PPO's first ratio is exactly 1), and both move together.
-            self.agent.obs_norm.update(torch.cat(self._unseen_obs))
+            self.agent.obs_norm.update(torch.cat(self._unseen_obs), reduce=self.group.sum)
             self._unseen_obs.clear()
         return stats
+
+    def _reduce(self, loss: torch.Tensor, extras: LossExtras) -> tuple[torch.Tensor, LossExtras]:
+        """The gradients reduced over the learners as the loss reduces over the batch, with the
+        loss and IMPACT's KL averaged in the same all-reduce: every learner then clips, skips or
+        steps, and adapts the KL coefficient, alike. Alone, nothing changes."""
+        if self.group.size == 1:
+            return loss, extras
+        scalars = torch.stack([loss.float(), loss.new_tensor(extras.kl or 0.0, dtype=torch.float32)])
+        parameters = [p for p in self.agent.parameters() if p.grad is not None]
+        loss, kl = self.group.reduce_gradients(parameters, scalars, self.algorithm.loss_reduction == "mean")
+        return loss, extras if extras.kl is None else dataclasses.replace(extras, kl=float(kl))
 
     def _skip(self, batch: Batch, checked: dict[str, float]) -> dict[str, float]:
         """Drop a non-finite update (weights and optimiser untouched); too many in a row raise."""
@@ -223,6 +244,27 @@ class Learner:
             "rng": rng_states(),
             "config": to_yaml(self.config),
         }
+
+    @staticmethod
+    def local_part(state: dict, algorithm: Algorithm) -> dict:
+        """What of a learner's ``state_dict`` is its own with several learners: the algorithm's data
+        (``Algorithm.local_state_keys``), the observations it has not absorbed, its actors' reward
+        normalisers and its RNG states. The rest is the same on every learner."""
+        return {"algorithm": {key: state["algorithm"][key] for key in algorithm.local_state_keys},
+                **{key: state[key] for key in ("unseen_obs", "reward_stats", "rng")}}
+
+    def load_local_part(self, part: dict) -> None:
+        """Replace this learner's own state by ``part`` (``local_part`` of a checkpoint it wrote)."""
+        state = self.state_dict()
+        state["algorithm"].update(part["algorithm"])
+        self.load_state_dict({**state, **{key: value for key, value in part.items() if key != "algorithm"}})
+
+    def drop_local_data(self) -> None:
+        """Start without held data (a pending batch, IMPACT's buffer, PPO's batch, unabsorbed
+        observations), as a fresh learner: what a resume does when a learner's part is missing."""
+        fresh = make_algorithm(self.config, self.agent).state_dict()
+        self.load_local_part({**self.local_part(self.state_dict(), self.algorithm), "unseen_obs": [],
+                              "algorithm": {key: fresh[key] for key in self.algorithm.local_state_keys}})
 
     def load_state_dict(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
@@ -326,10 +368,14 @@ class Telemetry:
 
 
 class Checkpointer:
-    """A checkpoint every ``checkpoint_interval_s``, and on demand (the end, an interruption)."""
+    """A checkpoint every ``checkpoint_interval_s``, and on demand (the end, an interruption).
+    Learner 0 writes the run's checkpoints; with several learners each other one writes its own
+    state beside them (``learner_part_dir``), under the same name."""
 
     def __init__(self, learner: Learner, run_dir: Path, start: float):
         self.learner, self.run_dir, self.start = learner, run_dir, start
+        rank = learner.group.rank
+        self.directory = None if rank == 0 else learner_part_dir(run_dir, rank)
         self.last = time.monotonic()
 
     def due(self) -> bool:
@@ -338,8 +384,18 @@ class Checkpointer:
     def save(self) -> None:
         counters, config = self.learner.counters, self.learner.config
         counters.wall_time_s = time.monotonic() - self.start
-        save_checkpoint(self.run_dir, self.learner.state_dict(), f"ckpt_{counters.updates:010d}", config.keep_checkpoints)
+        save_checkpoint(self.run_dir, self.learner.state_dict(), checkpoint_name(counters.updates),
+                        config.keep_checkpoints, self.directory)
         self.last = time.monotonic()
+
+
+def checkpoint_name(updates: int) -> str:
+    return f"ckpt_{updates:010d}"
+
+
+def learner_part_dir(run_dir: Path, rank: int) -> Path:
+    """Where learner ``rank`` (> 0) keeps its own part of each checkpoint (its buffer, its actors' normalisers)."""
+    return checkpoint_dir(run_dir) / f"learner-{rank}"
 
 
 class StopConditions:
@@ -370,7 +426,13 @@ class StopConditions:
 
 
 class LearnerLoop:
-    """The learner loop of the module docstring, as ``step()`` over its named parts."""
+    """The learner loop of the module docstring, as ``step()`` over its named parts.
+
+    With several learners (``runtime/distributed.py``) each runs this loop in lockstep: each round
+    they agree (one small all-reduce) on whether to stop (learner 0 decides, and any learner's
+    failure stops all), whether every one of them has the data for the next SGD step, and whether
+    to checkpoint, so that they take the same steps and checkpoint the same state. A batch that
+    came is held until all can take theirs."""
 
     def __init__(self, learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
                  writer: MetricsWriter, check_health: Callable[[], None]):
@@ -381,6 +443,9 @@ class LearnerLoop:
         self.checkpointer = Checkpointer(learner, run_dir, start)
         self.stop = StopConditions(learner)
         self.published = learner.counters.updates  # the version actors have, at most publish_interval behind
+        self.held: tuple[Batch, dict[str, torch.Tensor]] | None = None  # came, not yet handed to the algorithm
+        self.failure: BaseException | None = None  # with several learners: raised once all have checkpointed
+        self.peer_failed = False  # some learner failed: the run stops
 
     def intake(self) -> tuple[Batch, dict[str, torch.Tensor]] | None:
         """The next batch when the algorithm wants one (or takes one that is ready now), while the
@@ -430,30 +495,66 @@ class LearnerLoop:
         self.weights.publish(self.learner.agent, self.learner.counters.updates)
         self.published = self.learner.counters.updates
 
-    def step(self) -> None:
-        self.check_health()
-        item = self.intake()
-        if item is not None:
-            self.take(*item)
-        elif self.learner.algorithm.wants_data() and self.stop.budget_left():
-            return  # nothing came within the wait: check health and the stop conditions again
+    def checked(self) -> bool:
+        """The runtime's health check; False after a failure. Alone it raises at once; with several
+        learners it is voted first, so that every learner checkpoints before the run stops."""
+        try:
+            self.check_health()
+        except BaseException as error:
+            if self.learner.group.size == 1:
+                raise
+            self.failure = error
+        return self.failure is None
+
+    def agree(self) -> dict[str, float]:
+        """This round's decisions, the same on every learner (``distributed.VOTES``); receives a
+        batch first if the algorithm needs one and the run goes on."""
+        algorithm, leader = self.learner.algorithm, self.learner.group.rank == 0
+        healthy = self.checked()
+        stopping = leader and self.stop.reached()
+        if healthy and not stopping and self.held is None:
+            self.held = self.intake()
+        need = algorithm.wants_data() and self.stop.budget_left()
+        return self.learner.group.agree({
+            "stop": float(stopping), "failed": float(not healthy),
+            "checkpoint": float(leader and self.checkpointer.due()),
+            "not_ready": float(need and self.held is None), "not_holding": float(self.held is None),
+            "wall_time_progress": self.learner.wall_time_progress if leader else 0.0,
+        })
+
+    def step(self) -> bool:
+        """One round: health, intake, one SGD step once every learner has its data, metrics and
+        checkpoints when due. False once the run is to end."""
+        decision = self.agree()
+        self.peer_failed = bool(decision["failed"])
+        if decision["stop"] or self.peer_failed:
+            return False
+        self.learner.wall_time_progress = decision["wall_time_progress"]
+        if self.held is not None and (self.learner.algorithm.wants_data() or not decision["not_holding"]):
+            self.take(*self.held)
+            self.held = None
+        if decision["not_ready"]:
+            return True  # nothing came within the wait: check health and the stop conditions again
         self.train()
         if self.telemetry.due():
             self.telemetry.write()
-        if self.checkpointer.due():
+        if decision["checkpoint"]:
             self.checkpointer.save()
+        return True
 
     def run(self) -> LearnerCounters:
         counters = self.learner.counters
         self.publish()
         try:
-            while not self.stop.reached():
-                self.step()
+            while self.step():
+                pass
+            if self.peer_failed:
+                raise self.failure or self.learner.group.failure(None)
         except BaseException:
-            # Interrupted (Ctrl-C, a failed actor): keep what was learned so --resume can continue.
+            # Interrupted (Ctrl-C, a failed actor, a lost learner): keep what was learned so --resume can continue.
             self.checkpointer.save()
             raise
-        if self.stop.return_reached():
+        if self.learner.group.rank == 0 and self.stop.return_reached():
             self.writer.message(f"the mean return of the last {RETURN_WINDOW} episodes, "
                                 f"{np.mean(counters.recent_returns):.2f}, reached --stop-at-return "
                                 f"{self.learner.config.stop_at_return:g} at {counters.env_steps:,} env steps")

@@ -44,6 +44,7 @@ from impactrl.errors import ActorFailed, EnvBroken
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
+from impactrl.runtime.distributed import learner_actor_ids
 from impactrl.runtime.learner import Learner, LearnerCounters
 from impactrl.runtime.supervision import ActorHandle, Supervision, learner_threads, supervise
 from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
@@ -329,7 +330,8 @@ class LocalActors:
     """Actor processes and their channels: the learner's BatchSource, and their supervisor."""
 
     def __init__(self, config: TrainConfig, learner: Learner, store: SlotStore, weights: SharedWeights,
-                 ctx: mp.context.BaseContext, report: Callable[[str], None], synthetic: Synthetic | None = None):
+                 ctx: mp.context.BaseContext, report: Callable[[str], None], synthetic: Synthetic | None = None,
+                 actor_ids: list[int] | None = None):
         self.config = config
         self.synthetic = synthetic  # actors that replay recorded unrolls, several per process
         self.learner = learner
@@ -338,10 +340,13 @@ class LocalActors:
         self.ctx = ctx
         self.stop = ctx.Value("b", 0, lock=False)
         self.heartbeats = torch.zeros(config.num_actors, dtype=torch.float64).share_memory_()
-        self.actors = [LocalActorHandle(i, slots=list(range(i, store.num_slots, config.num_actors)))
-                       for i in range(config.num_actors)]
+        # Those of the run's actors that feed this learner (all of them, unless there are several
+        # learners); the k-th owns slots k, k + n, ... of the n actors here.
+        actor_ids = list(range(config.num_actors)) if actor_ids is None else actor_ids
+        self.actors = [LocalActorHandle(i, slots=list(range(k, store.num_slots, len(actor_ids))))
+                       for k, i in enumerate(actor_ids)]
         per_process = 1 if synthetic is None else synthetic.actors_per_process
-        self.groups = [self.actors[i:i + per_process] for i in range(0, config.num_actors, per_process)]
+        self.groups = [self.actors[i:i + per_process] for i in range(0, len(self.actors), per_process)]
         self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.supervision = Supervision(config, learner.counters, report)
 
@@ -484,7 +489,7 @@ class LocalActors:
         return self.assembler.take()
 
     def _free(self, slot: int) -> None:
-        owner = self.actors[slot % self.config.num_actors]
+        owner = self.actors[slot % len(self.actors)]
         try:
             owner.returns.send(slot)
         except OSError:
@@ -498,10 +503,21 @@ class LocalActors:
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
         synthetic: Synthetic | None = None) -> LearnerCounters:
     """Start the actors (or ``synthetic`` ones), run the learner loop here until the step budget
-    is spent, stop them."""
+    is spent, stop them; with several learners, start the others first (``runtime/learners.py``)."""
+    if config.num_learners > 1:
+        from impactrl.runtime.learners import run_learners
+        return run_learners(config, learner, spec, run_dir, writer, synthetic)
+    return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
+
+
+def run_one_learner(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+                    synthetic: Synthetic | None = None) -> LearnerCounters:
+    """One learner (of ``learner.group``) with its actors, its own slots and its own shared weights."""
     torch.set_num_threads(learner_threads(config))
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.effective_rollout_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)  # actors wait for the learner loop's first publish
-    actors = LocalActors(config, learner, store, weights, ctx, writer.message, synthetic)
+    group = learner.group
+    actors = LocalActors(config, learner, store, weights, ctx, writer.message, synthetic,
+                         learner_actor_ids(config.num_actors, group.size, group.rank))
     return supervise(learner, actors, weights, run_dir, writer)

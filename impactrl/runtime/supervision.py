@@ -166,5 +166,7 @@ def supervise(learner: Learner, actors: Actors, weights: WeightSink, run_dir: Pa
 
 
 def learner_threads(config: TrainConfig) -> int:
-    """Intra-op threads for the learner: as configured, or the cores the actors (one thread each) leave free."""
-    return config.learner_threads or max(1, (torch.get_num_threads() or 1) - config.num_actors)
+    """Intra-op threads for each learner: as configured, or its share of the cores the actors (one
+    thread each) leave free."""
+    spare = (torch.get_num_threads() or 1) - config.num_actors
+    return config.learner_threads or max(1, spare // config.num_learners)

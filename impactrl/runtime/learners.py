@@ -1,0 +1,220 @@
+"""The local runtime with ``--num-learners N``: learners 1..N-1 as processes beside learner 0.
+
+Learner 0 is the ``impactrl train`` process. It hosts the TCP store the learners meet at, starts
+the others with its own state (so all start from the same weights, optimiser and counters), then
+runs like a single learner, in lockstep with them (``runtime/distributed.py``). Each learner has
+its own actors (actor i feeds learner i % N), its own slots and its own shared weights: after
+every step the parameters are the same everywhere, so each publishing to its own actors is
+learner 0 publishing to all.
+
+Learner 0 alone writes metrics, progress, TensorBoard and the run's checkpoints; the others send
+it their lines (an actor restarted, ...), which it shows as ``learner r: ...``, and write their
+own part of each checkpoint beside it (``learner.learner_part_dir``). A resume gives each its part
+back; if any part is missing, every learner starts without held data, so that they stay in
+lockstep, and one line says so.
+
+A learner that dies is noticed by learner 0 before the next round (its process sentinel) or by
+the collective it breaks; learner 0 then checkpoints and stops with one line naming it. The
+others exit with learner 0 (the parent-death signal, as actors do), so a killed ``train`` leaves
+no learner behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from impactrl.checkpoint import checkpoint_dir, read_checkpoint
+from impactrl.config import TrainConfig
+from impactrl.data.rollout import RolloutSpec
+from impactrl.errors import LearnerFailed, UserError
+from impactrl.metrics import MetricsWriter
+from impactrl.runtime.distributed import DistributedGroup, PeerStopped
+from impactrl.runtime.learner import Learner, LearnerCounters, checkpoint_name, learner_part_dir
+from impactrl.runtime.synthetic import Synthetic
+
+# How long learner 0 waits for the others to end: after a failure they checkpoint first.
+EXIT_WAIT_S = 30.0
+
+
+class PeerWriter:
+    """A learner other than 0's stand-in for the run's MetricsWriter: its lines go to learner 0;
+    its metrics and diagnostics are learner 0's to write."""
+
+    def __init__(self, reports: Connection):
+        self.reports = reports
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def warn(self, text: str) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        self.reports.send(("message", text))
+
+
+class LocalLearners:
+    """Learner 0's view of learners 1..N-1: their processes and the pipes their lines come by (a ``PeerWatch``)."""
+
+    def __init__(self, config: TrainConfig, writer: MetricsWriter):
+        self.config, self.writer = config, writer
+        self.processes: dict[int, mp.Process] = {}
+        self.reports: dict[int, Connection] = {}
+        self.errors: dict[int, str] = {}
+
+    def start(self, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
+              synthetic: Synthetic | None) -> None:
+        """Start learner r (1..N-1) from learner 0's state and its own checkpoint part ``parts[r]``."""
+        ctx = mp.get_context("spawn")
+        buffer = io.BytesIO()
+        torch.save(learner.state_dict(), buffer)
+        state = buffer.getvalue()
+        for rank in range(1, self.config.num_learners):
+            self.reports[rank], sender = ctx.Pipe(duplex=False)
+            process = ctx.Process(target=learner_process, name=f"impactrl-learner-{rank}",
+                                  args=(self.config, rank, port, state, parts[rank], learner.learn, run_dir, synthetic,
+                                        sender, os.getpid()))
+            process.start()
+            sender.close()  # only the learner keeps it: its death closes the pipe
+            self.processes[rank] = process
+
+    def relay(self) -> None:
+        """Show the others' lines; keep their failure reports for ``failure``."""
+        for rank, connection in self.reports.items():
+            try:
+                while connection.poll():
+                    kind, text = connection.recv()
+                    if kind == "error":
+                        self.errors[rank] = text
+                    else:
+                        self.writer.message(f"learner {rank}: {text}")
+            except (EOFError, OSError):
+                pass  # it is gone; its sentinel says how
+
+    def check(self) -> None:
+        self.relay()
+        for rank, process in self.processes.items():
+            if not process.is_alive():
+                raise LearnerFailed(self.describe(rank))
+
+    def failure(self, error: BaseException | None) -> BaseException:
+        """The learner that ended the run: once a collective broke (``error``) the one whose process
+        ended, or once one voted a failure the one that reports it (it checkpoints first)."""
+        deadline = time.monotonic() + (EXIT_WAIT_S if error is None else 5.0)
+        while True:
+            self.relay()
+            ended = [rank for rank, process in self.processes.items() if not process.is_alive()]
+            failed = [rank for rank in ended if rank in self.errors or self.processes[rank].exitcode]
+            if failed:
+                return LearnerFailed(self.describe(failed[0]))
+            if time.monotonic() > deadline or len(ended) == len(self.processes):
+                reason = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else "no reply"
+                return LearnerFailed(f"the learners lost contact ({reason}); the run stopped with learner 0's checkpoint")
+            time.sleep(0.05)
+
+    def describe(self, rank: int) -> str:
+        """One line: which learner, its pid, how it ended, its error if it sent one."""
+        process = self.processes[rank]
+        process.join(timeout=1.0)
+        self.relay()
+        code = process.exitcode
+        if code is not None and code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}" if code is not None else "stopped answering"
+        error = f": {self.errors[rank]}" if rank in self.errors else ""
+        return f"learner {rank} (pid {process.pid}) {how}{error}; the run stopped with learner 0's checkpoint"
+
+    def stop(self) -> None:
+        """Wait for the others to end (they stop with learner 0), kill any that does not."""
+        deadline = time.monotonic() + EXIT_WAIT_S
+        for process in self.processes.values():
+            process.join(timeout=max(deadline - time.monotonic(), 0.1))
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5.0)
+        self.relay()
+        for connection in self.reports.values():
+            connection.close()
+
+
+def checkpoint_parts(config: TrainConfig, learner: Learner, run_dir: Path, writer: MetricsWriter) -> dict[int, Path | None]:
+    """Each other learner's part of the checkpoint learner 0 resumed from; if any is missing or
+    unreadable, none (learner 0 drops its own held data too) and one line that says so."""
+    fresh = {rank: None for rank in range(1, config.num_learners)}
+    updates = learner.counters.updates
+    if updates == 0:
+        return fresh
+    name = f"{checkpoint_name(updates)}.pt"
+    parts = {rank: learner_part_dir(run_dir, rank) / name for rank in fresh}
+    missing = []
+    for rank, path in parts.items():
+        try:
+            read_checkpoint(path)
+        except UserError:
+            missing.append(rank)
+    if not missing:
+        return parts
+    learner.drop_local_data()
+    writer.message(f"no readable part of checkpoint {name} for learner {', '.join(map(str, missing))}: every learner "
+                   "starts without held batches or unabsorbed observations (its buffer refills from the actors)")
+    return fresh
+
+
+def run_learners(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+                 synthetic: Synthetic | None = None) -> LearnerCounters:
+    """Learner 0 here, with learners 1..N-1 started beside it; see the module docstring."""
+    from impactrl.runtime.local import run_one_learner
+
+    peers = LocalLearners(config, writer)
+    group = DistributedGroup(0, config.num_learners, 0, learner.device, watch=peers)
+    try:
+        checkpoint_dir(run_dir).mkdir(exist_ok=True)  # the others write their parts inside it
+        peers.start(group.port, learner, checkpoint_parts(config, learner, run_dir, writer), run_dir, synthetic)
+        group.join()
+        learner.join(group)
+        return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
+    finally:
+        peers.stop()
+        group.close()
+
+
+def learner_process(config: TrainConfig, rank: int, port: int, state: bytes, part: Path | None, learn: bool,
+                    run_dir: Path, synthetic: Synthetic | None, reports: Connection, parent_pid: int) -> None:
+    """Learner ``rank`` (> 0): learner 0's state, its own part of the checkpoint, its actors, the loop."""
+    from impactrl.runtime.local import exit_with_parent, run_one_learner
+    from impactrl.training import build_learner
+
+    exit_with_parent(parent_pid)
+    os.setpgrp()  # out of the terminal's process group: Ctrl-C is learner 0's to handle, and it stops everyone
+    try:
+        if config.device == "cuda":
+            torch.cuda.set_device(rank)
+        learner, spec = build_learner(config, None)
+        learner.load_state_dict(torch.load(io.BytesIO(state), weights_only=True, map_location=learner.device))
+        if part is None:
+            learner.drop_local_data()
+        else:
+            learner.load_local_part(Learner.local_part(read_checkpoint(part, learner.device), learner.algorithm))
+        learner.learn = learn
+        group = DistributedGroup(rank, config.num_learners, port, learner.device)
+        group.join()
+        learner.join(group)
+        try:
+            run_one_learner(config, learner, spec, run_dir, PeerWriter(reports), synthetic)
+        finally:
+            group.close()
+    except PeerStopped:
+        return
+    except BaseException as error:  # noqa: BLE001 - whatever it was, learner 0 says it in one line
+        text = str(error).strip().splitlines()
+        reports.send(("error", f"{type(error).__name__}: {text[-1]}" if text else type(error).__name__))
+        raise SystemExit(1) from None
