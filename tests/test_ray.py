@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,6 +27,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from impactrl.config import TrainConfig  # noqa: E402
 from impactrl.runtime.ray import (RayActor, StartArgs, WeightsBoard, ObjectStoreWeightSink, apply_delta,  # noqa: E402
                                   delta_bytes, encode_delta)
+from impactrl.runtime.synthetic import Synthetic  # noqa: E402
 from impactrl.training import build_learner  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each test starts a Ray instance or cluster
@@ -150,10 +152,10 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
             config, [0], spec, 1, board)
         start = StartArgs(generation=0, reward_stats=None)
         sink.publish(learner.agent, 7)
-        reply = ray.get(actor.take.remote(0, start, sink.latest()), timeout=120)
+        reply = ray.get(actor.take.remote(0, start, sink.latest(), 1), timeout=120)
         assert [record.policy_version for _, record, _ in reply.unrolls] == [7]
         # Its loop now waits for a publication newer than 7, and no take is out: the board brings it.
-        pending = actor.take.remote(0, start, sink.latest())
+        pending = actor.take.remote(0, start, sink.latest(), 1)
         sink.publish(learner.agent, 8)
         board.post.remote(sink.latest())
         assert ray.get(pending, timeout=120).unrolls[-1][1].policy_version == 8
@@ -164,12 +166,44 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
         deadline = time.monotonic() + 120
         while True:  # the calls fail until Ray has restarted the process
             try:
-                reply = ray.get(actor.take.remote(0, StartArgs(1, None), newest), timeout=120)
+                reply = ray.get(actor.take.remote(0, StartArgs(1, None), newest, 1), timeout=120)
                 break
             except ray.exceptions.RayActorError:
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
         assert reply.where is not None and reply.unrolls[0][1].policy_version == 12
+    finally:
+        ray.shutdown()
+
+
+def test_a_reply_carries_the_queued_unrolls_whole_in_order_and_at_most_its_limit():
+    """Simulated actors replay 4 recorded unrolls in turn into an outbox of 4: once it is full, a
+    take gets what is queued, oldest first, never more than its limit, each unroll intact."""
+    config = TrainConfig(env="CartPole-v1", algo="impala", num_actors=1, envs_per_actor=2, unroll_length=5)
+    learner, spec = build_learner(config, None)
+    sink = ObjectStoreWeightSink(config)
+    sink.publish(learner.agent, 3)
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        actor = ray.remote(RayActor).options(num_cpus=0, max_concurrency=4).remote(
+            config, [0], spec, 4, None, Synthetic(actors_per_process=1, recorded_unrolls=4))
+        start = StartArgs(generation=0, reward_stats=None)
+
+        def take(limit: int) -> list:
+            time.sleep(2.0)  # the replay refills the outbox in well under a second
+            return ray.get(actor.take.remote(0, start, sink.latest(), limit), timeout=120).unrolls
+
+        first = ray.get(actor.take.remote(0, start, sink.latest(), 1), timeout=120).unrolls  # recorded 0
+        middle, last = take(3), take(8)  # recorded 1, 2, 3; then 0, 1, 2, 3 (the outbox holds 4)
+        assert [len(first), len(middle), len(last)] == [1, 3, 4]
+        times = [created_at for _, _, created_at in first + middle + last]
+        assert times == sorted(times)
+        assert all(record.policy_version == 3 for _, record, _ in first + middle + last)
+        for sent, again in zip(first + middle, last):
+            assert sent[0].keys() == again[0].keys() == spec.fields().keys()
+            for key, value in sent[0].items():
+                assert np.array_equal(value, again[0][key], equal_nan=True)  # episode_return: NaN but at ends
+        assert not np.array_equal(first[0][0]["obs"], middle[0][0]["obs"])  # four different unrolls
     finally:
         ray.shutdown()
 

@@ -5,11 +5,12 @@ Data flow (the only channels there are)::
     actor i: run_actor on a thread of a Ray actor writes each unroll into its one preallocated
              slot; commit copies it out and queues it; at most ``in_flight`` copies not yet
              taken, then the loop waits for the learner (backpressure)
-    learner -> actor i: take(start, weights)   ``in_flight`` calls out per actor, fewer while
-             the learner holds unrolls of that actor it has not trained on yet
-    actor i -> learner: the reply to a take: every unroll queued by then (at least one), each with
-             its UnrollRecord (Ray keeps a reply over 100 KiB in the object store, owned by the
-             learner); the learner copies each once, into the batch being filled
+    learner -> actor i: take(start, weights, limit)   one call out per actor, while the learner
+             holds fewer than ``in_flight`` unrolls of that actor it has not trained on yet;
+             ``limit`` is the room left
+    actor i -> learner: the reply to a take: every unroll queued by then (at least one, at most
+             ``limit``), each with its UnrollRecord (Ray keeps a reply over 100 KiB in the object
+             store, owned by the learner); the learner copies each once, into the batch being filled
     learner -> actors: the weights, once per publication (at most every ``publish_interval``
              updates; PPO's every one), ride on take calls: an actor loads the newest one it
              has at its next unroll boundary. PPO's actors, whose takes are all out while
@@ -19,7 +20,7 @@ Data flow (the only channels there are)::
              the learner the same whatever the number of actors.
 
 So memory is bounded whatever the speed ratio: per actor at most ``in_flight`` unrolls queued
-in the actor, ``in_flight`` replies in flight and ``in_flight`` in the learner's batches.
+in the actor, and ``in_flight`` in its reply and the learner's batches together.
 
 Faults are Ray's to repair: actors are created with ``max_restarts=-1``, so Ray restarts a
 killed worker (or an actor whose node left the cluster, on a node that has room) in a fresh

@@ -35,8 +35,9 @@ class StartArgs(NamedTuple):
 
 class TakeReply(NamedTuple):
     where: dict | None  # the process's placement, with the first unroll it hands out
-    # Every unroll queued when the call was served (at least one, at most in_flight): fewer,
-    # bigger replies. Each is (arrays, record, created_at); Ray keeps a large reply in the object store.
+    # Every unroll queued when the call was served, oldest first (at least one, at most the take's
+    # limit): one call and one object-store reply per batch of them, not per unroll. Each is
+    # (arrays, record, created_at); Ray keeps a large reply in the object store.
     unrolls: list[tuple[dict[str, np.ndarray], UnrollRecord, float]]
 
 
@@ -180,8 +181,9 @@ class RayActor:
         except BaseException as error:  # noqa: BLE001 - handed to the learner by take()
             self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc())
 
-    def take(self, actor_id: int, start: StartArgs, weights: WeightsMessage) -> TakeReply:
-        """The next unroll actor ``actor_id`` puts (waiting for it); the first call starts the loop with ``start``."""
+    def take(self, actor_id: int, start: StartArgs, weights: WeightsMessage, limit: int) -> TakeReply:
+        """Up to ``limit`` unrolls actor ``actor_id`` has queued, oldest first (waiting for the
+        first); the first call starts the loop with ``start``."""
         self.weights.receive(weights)
         outbox = self.outboxes[actor_id]
         with self._lock:
@@ -200,7 +202,7 @@ class RayActor:
                 unrolls = [outbox.ready.get(timeout=1.0)]
             except queue.Empty:
                 continue
-            while True:
+            while len(unrolls) < limit:
                 try:
                     unrolls.append(outbox.ready.get_nowait())
                 except queue.Empty:

@@ -142,7 +142,7 @@ class RayActors:
         remote = ray.remote(RayActor).options(
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
             # every take waits in its own thread; silent_s never queues
-            max_concurrency=per_process * (self.in_flight + 1) + 1,
+            max_concurrency=per_process * 2 + 1,
             scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
         if config.synchronous:
             self.board = ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=config.num_actors + 2).remote()
@@ -201,13 +201,18 @@ class RayActors:
         return batch, meta
 
     def request(self) -> None:
-        """Keep ``in_flight`` takes out per actor, and the newest weights with every actor."""
+        """Keep one take out per actor that has room (it holds fewer than ``in_flight`` unrolls in
+        the learner's batches), for as many unrolls as fit, with the newest weights.
+
+        One call at a time per actor: its reply carries every unroll the actor queued meanwhile,
+        so the calls, replies and object-store entries per unroll fall as the learner falls
+        behind, where several calls out each took the next single unroll."""
         weights = self.weights.latest()
         for actor in self.actors:
-            while len(actor.pending) + actor.held < self.in_flight:
+            if not actor.pending and actor.held < self.in_flight:
                 call = actor.handle.take.remote(
                     actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id),
-                                              actor.received_with), weights)
+                                              actor.received_with), weights, self.in_flight - actor.held)
                 actor.pending.add(call)
                 self.owner[call] = actor, actor.epoch
         if self.board is not None and weights.publication > self.posted:
