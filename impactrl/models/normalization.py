@@ -73,16 +73,16 @@ class RunningNorm(nn.Module):
         if x.dim() < len(self.shape) or tuple(x.shape[x.dim() - len(self.shape):]) != self.shape:
             raise ValueError(f"RunningNorm of shape {self.shape} got a batch of shape {tuple(x.shape)}")
         x = x.reshape((-1,) + self.shape)
-        batch_count = x.shape[0]
+        # A frame batch's sum without a float64 copy of it; count and sum in one reduction.
+        sums = reduce(torch.cat([self.count.new_tensor([x.shape[0]]), x.sum(dim=0, dtype=torch.float64).reshape(-1)]))
+        batch_count = float(sums[0])
         if batch_count == 0:
             return
-        if self.fixed_scale is None:
-            x = x.to(torch.float64)
-        batch_mean = x.mean(dim=0, dtype=torch.float64)  # a frame batch's mean without a float64 copy of it
+        batch_mean = sums[1:].reshape(self.shape) / batch_count
         delta = batch_mean - self.mean
         total = self.count + batch_count
         if self.fixed_scale is None:  # forward uses the variance only when it divides by the std
-            batch_var = x.var(dim=0, unbiased=False)
+            batch_var = reduce((x.to(torch.float64) - batch_mean).square().sum(dim=0)) / batch_count
             m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
             self.var.copy_(m2 / total)
         self.mean.add_(delta * (batch_count / total))

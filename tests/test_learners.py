@@ -1,0 +1,108 @@
+"""Several learners (--num-learners): two learners on halves of each batch step as one learner on
+the whole batch; the runtime's checks; a learner killed mid-run (slow)."""
+
+import dataclasses
+import io
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import collect, run_in_process
+
+from impactrl.config import TrainConfig
+from impactrl.data.rollout import Batch
+from impactrl.runtime.distributed import DistributedGroup
+from impactrl.training import build_learner
+
+BASE = dict(env="CartPole-v1", num_actors=2, envs_per_actor=4, unroll_length=10, optimizer="adam",
+            learning_rate=3e-3, total_env_steps=10_000)
+# Each case with the number of whole batches (8 unrolls) fed. IMPACT with N, K > 1, normalised
+# advantages and the adaptive KL (12 updates: a target refresh at 8); PPO with one minibatch per
+# epoch (with several, each learner permutes its own half: the same distribution of minibatches,
+# not the same minibatches) and observation normalisation.
+CASES = {
+    "impala": (TrainConfig(algo="impala", unrolls_per_batch=8, **BASE), 3),
+    "impala-popart": (TrainConfig(algo="impala", unrolls_per_batch=8, popart=True, **BASE), 3),
+    "impact": (TrainConfig(algo="impact", unrolls_per_batch=8, buffer_batches=2, buffer_uses=2,
+                           normalize_advantages=True, use_kl_loss=True, **BASE), 6),
+    "impact-popart": (TrainConfig(algo="impact", unrolls_per_batch=8, buffer_batches=2, buffer_uses=2,
+                                  popart=True, **BASE), 6),
+    "ppo": (TrainConfig(algo="ppo", update_epochs=3, num_minibatches=1, normalize_observations=True, **BASE), 2),
+}
+
+
+def train_on(learner, batches: list[Batch]) -> dict[str, torch.Tensor]:
+    """Feed ``batches`` as the learner loop does (a batch whenever the algorithm wants one), train
+    on everything taken; the agent's state after."""
+    for batch in batches:
+        while not learner.algorithm.wants_data():
+            assert learner.update() is not None
+        learner.add(batch)
+    while learner.update() is not None:
+        pass
+    return {key: value.detach().clone() for key, value in learner.agent.state_dict().items()}
+
+
+def halves(batch: Batch) -> list[Batch]:
+    """A batch's unrolls (dimension 1) split between two learners."""
+    return [{key: part for key, part in zip(batch, parts)}
+            for parts in zip(*(value.tensor_split(2, dim=1) for value in batch.values()))]
+
+
+def learner_of_two(rank: int, port: int, cases: dict, results) -> None:
+    """Learner ``rank`` of two: every case on its half of each batch; its final states to ``results``."""
+    group = DistributedGroup(rank, 2, port, torch.device("cpu"))
+    group.join()
+    states = {}
+    for name, (config, batches) in cases.items():
+        learner, _ = build_learner(config, None)
+        learner.join(group)
+        states[name] = train_on(learner, [halves(batch)[rank] for batch in batches])
+    group.close()
+    buffer = io.BytesIO()  # bytes, not tensors: a queued tensor's memory goes with its process
+    torch.save(states, buffer)
+    results.put((rank, buffer.getvalue()))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_learners_on_halves_step_as_one_learner_on_the_whole_batch():
+    cases, expected = {}, {}
+    for name, (config, count) in CASES.items():
+        learner, unrolls = collect(config, slots=2 * count)  # two actor unrolls of 4 envs make a batch of 8
+        batches = [{key: torch.cat([a[key], b[key]], dim=1) for key in a} for a, b in zip(unrolls[::2], unrolls[1::2])]
+        expected[name] = train_on(learner, batches)
+        cases[name] = (dataclasses.replace(config, num_learners=2), batches)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    processes = [ctx.Process(target=learner_of_two, args=(rank, port, cases, results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    got = {rank: torch.load(io.BytesIO(states)) for rank, states in (results.get(timeout=240) for _ in processes)}
+    for process in processes:
+        process.join(timeout=30)
+    for name in CASES:
+        for key, value in expected[name].items():
+            torch.testing.assert_close(got[0][name][key], value, rtol=1e-4, atol=1e-5, msg=f"{name}: {key}")
+            assert torch.equal(got[0][name][key], got[1][name][key]), f"{name}: the learners disagree on {key}"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--num-learners", "3", "--num-actors", "2"], "num_learners=3 needs num_actors >= 3"),
+    (["--num-learners", "2", "--unrolls-per-batch", "8", "--envs-per-actor", "8"],
+     "unrolls_per_batch=8 must be a multiple of num_learners * envs_per_actor = 16"),
+    (["--algo", "ppo", "--num-learners", "2", "--num-actors", "3"], "ppo with num_learners=2 needs num_actors a multiple of 2"),
+    (["--num-learners", "2", "--unrolls-per-batch", "16", "--envs-per-actor", "8", "--max-policy-lag", "5"],
+     "max_policy_lag with num_learners > 1 is not supported"),
+    (["--num-learners", "0"], "num_learners must be >= 1"),
+])
+def test_a_learner_count_the_run_cannot_use_is_refused_in_one_line(capsys, flags, says):
+    result = run_in_process(capsys, "train", "--env", "CartPole-v1", *flags)
+    assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) <= 2
