@@ -3,14 +3,21 @@ the whole batch; the runtime's checks; a learner killed mid-run (slow)."""
 
 import dataclasses
 import io
+import os
+import signal
 import socket
+import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import collect, run_in_process
+from conftest import collect, run_cli, run_in_process
+from test_learning import best_return
+from test_runtime import children_of, read_metrics, start_training
 
+from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
 from impactrl.runtime.distributed import DistributedGroup
@@ -72,6 +79,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow  # about a minute here: five cases, each learned alone here and by two spawned learners
 def test_two_learners_on_halves_step_as_one_learner_on_the_whole_batch():
     cases, expected = {}, {}
     for name, (config, count) in CASES.items():
@@ -106,3 +114,52 @@ def test_two_learners_on_halves_step_as_one_learner_on_the_whole_batch():
 def test_a_learner_count_the_run_cannot_use_is_refused_in_one_line(capsys, flags, says):
     result = run_in_process(capsys, "train", "--env", "CartPole-v1", *flags)
     assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.slow
+def test_cartpole_with_two_learners_reaches_450_within_500k_steps(run_dir):
+    """Two learners, each fed by one actor of 4 envs, on halves of IMPALA's classic batch of 8
+    unrolls: the batch, and so the learning rate, stay those of the preset (docs/learners.md)."""
+    best = best_return(run_dir, 450, "--algo", "impala", "--env", "CartPole-v1", "--num-actors", "2",
+                       "--num-learners", "2", "--envs-per-actor", "4", "--total-env-steps", "500000")
+    assert best >= 450
+
+
+def learner_pids(train_pid: int) -> list[int]:
+    """The train process's children that have children of their own: the learners (their actors)."""
+    return [child for child in children_of(train_pid) if children_of(child)]
+
+
+@pytest.mark.slow
+def test_a_killed_learner_stops_the_run_with_a_checkpoint_and_resume_continues(run_dir):
+    process = start_training(run_dir, "--num-learners", "2", "--checkpoint-interval-s", "1", min_updates=30)
+    part = run_dir / "checkpoints" / "learner-1" / "latest.pt"
+    deadline = time.monotonic() + 120
+    while not part.exists():
+        assert time.monotonic() < deadline, "learner 1 wrote no checkpoint part"
+        time.sleep(0.2)
+    [learner] = learner_pids(process.pid)
+    os.kill(learner, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    assert f"learner 1 (pid {learner}) was killed by SIGKILL" in stderr and "--resume" in stderr
+    saved = load_checkpoint(run_dir)["learner"]
+    target = saved["env_steps"] + 3200
+    run_cli("train", "--resume", str(run_dir), "--total-env-steps", str(target), check=True)
+    resumed = load_checkpoint(run_dir)["learner"]
+    assert resumed["env_steps"] >= target and resumed["updates"] > saved["updates"]
+    first_resumed = next(r for r in read_metrics(run_dir) if r["env_steps"] > saved["env_steps"])
+    assert first_resumed["learner_updates"] > saved["updates"]
+
+
+@pytest.mark.slow
+def test_a_killed_train_process_leaves_no_learner_or_actor_behind(run_dir):
+    process = start_training(run_dir, "--num-learners", "2", min_updates=10)
+    [learner] = learner_pids(process.pid)
+    left = [learner, *children_of(learner), *children_of(process.pid)]
+    process.kill()
+    process.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in left):
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in left), "a learner or actor outlived the train process"
