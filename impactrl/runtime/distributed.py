@@ -26,6 +26,7 @@ line naming the learner, its pid and how it ended.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Protocol
 
 import torch
@@ -101,11 +102,27 @@ class DistributedGroup(LearnerGroup):
         self.joined = False
 
     def join(self) -> None:
-        """Wait for every learner (learner 0 first starts the others, then joins)."""
+        """Wait for every learner (learner 0 first starts the others, then joins). Learner 0 first
+        waits for the others to arrive at the store, watching them: one that dies while starting
+        ends the run at once, not after PEER_TIMEOUT_S."""
+        if self.rank == 0:
+            self._await_peers()
+        else:
+            self.store.set(f"arrived/{self.rank}", "1")
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=self.store, rank=self.rank, world_size=self.size,
                                 timeout=datetime.timedelta(seconds=PEER_TIMEOUT_S))
         self.joined = True
+
+    def _await_peers(self) -> None:
+        arrivals = [f"arrived/{rank}" for rank in range(1, self.size)]
+        deadline = time.monotonic() + PEER_TIMEOUT_S
+        while not self.store.check(arrivals):
+            if self.watch is not None:
+                self.watch.check()
+            if time.monotonic() > deadline:
+                raise self.failure(TimeoutError(f"not every learner arrived within {PEER_TIMEOUT_S:g} s"))
+            time.sleep(0.05)
 
     def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         try:
