@@ -72,8 +72,6 @@ def learner_problems(config: TrainConfig) -> list[str]:
     if config.max_policy_lag is not None:
         found.append("max_policy_lag with num_learners > 1 is not supported (dropped unrolls would make the "
                      "learners' shares unequal)")
-    if config.runtime != "local":
-        found.append("num_learners > 1 runs on the local runtime only (--runtime local)")
     return found
 
 
@@ -94,9 +92,20 @@ def ray_problems(config: TrainConfig) -> list[str]:
     can hold the actors is checked when joining it."""
     found = []
     if config.runtime != "ray":
-        if config.ray_address is not None or config.ray_actor_resources:
-            found.append("--ray-address and --ray-actor-resources need --runtime ray")
+        if config.ray_address is not None or config.ray_actor_resources or config.learner_resources:
+            found.append("--ray-address, --ray-actor-resources and --learner-resources need --runtime ray")
         return found
+    if config.learner_resources and config.num_learners == 1:
+        found.append("--learner-resources places learners 1..N-1: it needs --num-learners 2 or more "
+                     "(learner 0 is the train process)")
+    for item in config.learner_resources:
+        name, _, amount = item.partition("=")
+        try:
+            valid = bool(name) and float(amount) >= 0
+        except ValueError:
+            valid = False
+        if not valid:
+            found.append(f"learner_resources: {item!r} is not NAME=AMOUNT with an amount >= 0 (e.g. GPU=1, CPU=4)")
     address = config.ray_address
     if address is not None and address != "auto":
         host, _, port = address.rpartition(":")
@@ -118,6 +127,11 @@ def ray_problems(config: TrainConfig) -> list[str]:
 def ray_actor_resources(config: TrainConfig) -> dict[str, float]:
     """``--ray-actor-resources`` as Ray takes them (validated by ``problems``)."""
     return {name: float(amount) for name, _, amount in (item.partition("=") for item in config.ray_actor_resources)}
+
+
+def learner_resources(config: TrainConfig) -> dict[str, float]:
+    """``--learner-resources`` as Ray takes them, CPU=1 unless given (validated by ``problems``)."""
+    return {"CPU": 1.0, **{name: float(amount) for name, _, amount in (item.partition("=") for item in config.learner_resources)}}
 
 
 # Settings only some algorithms, env families or optimisers read.

@@ -105,9 +105,9 @@ def coerce(values: dict[str, Any], source: str, warn_renamed: bool = False) -> d
     if wrong:
         raise UserError(f"{source}: {'; '.join(wrong)}")
     out = dict(values)
-    for name in ("hidden_sizes", "ray_actor_resources", "task_weights"):
-        if isinstance(out.get(name), list):
-            out[name] = tuple(out[name])
+    for name, value in out.items():
+        if isinstance(value, list) and typing.get_origin(hints[name]) is tuple:
+            out[name] = tuple(value)
     for name, value in out.items():
         if int in typing.get_args(hints[name]) + (hints[name],) and isinstance(value, float):
             out[name] = int(value)
@@ -146,9 +146,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 def to_yaml(config: TrainConfig) -> str:
     values = dataclasses.asdict(config)
-    values["hidden_sizes"] = list(config.hidden_sizes)
-    values["ray_actor_resources"] = list(config.ray_actor_resources)
-    values["task_weights"] = list(config.task_weights)
+    values.update({name: list(value) for name, value in values.items() if isinstance(value, tuple)})
     values["out"] = str(config.out) if config.out is not None else None
     return yaml.safe_dump(values, sort_keys=False)
 

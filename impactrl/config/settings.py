@@ -68,10 +68,14 @@ class RuntimeSettings:
     device: Literal["cpu", "cuda"] = "cpu"
     """Learner device; actors always run on the CPU."""
     num_learners: int = bounded(1, at_least(1))
-    """Data-parallel learner processes (local runtime): each trains on 1/N of every batch, fed by its
-    share of the actors (actor i feeds learner i % N), and their gradients are reduced over
-    torch.distributed (gloo on the CPU, NCCL with --device cuda: one GPU each) before the same
-    optimiser step everywhere; learner 0 writes metrics and checkpoints (docs/learners.md)."""
+    """Data-parallel learners: each trains on 1/N of every batch, fed by its share of the actors
+    (actor i feeds learner i % N), and their gradients are reduced over torch.distributed (gloo on
+    the CPU, NCCL with --device cuda: one GPU each) before the same optimiser step everywhere;
+    learner 0 is this process and writes metrics and checkpoints; the others are processes here
+    (local runtime) or Ray actors placed by learner_resources (docs/learners.md)."""
+    learner_resources: tuple[str, ...] = ()
+    """Ray runtime, num_learners > 1: what each learner other than learner 0 asks Ray for, as
+    NAME=AMOUNT (CPU=4, GPU=1, a custom resource); default CPU=1."""
 
     learner_threads: int = bounded(0, at_least(0))
     """Intra-op threads for the learner's PyTorch ops; 0 = the cores the actors leave free (at least 1)."""

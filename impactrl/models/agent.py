@@ -352,7 +352,8 @@ def build_agent(
     Discrete actions.
 
     ``normalize_observations`` puts a ``RunningNorm`` (``agent.obs_norm``) in front of the torso
-    (1-D float observations: mean and std; uint8 pixel frames: the mean only); the learner must call ``agent.obs_norm.update(obs)`` itself.
+    (1-D float observations: mean and std; uint8 pixel frames: the mean only); the learner must
+    call ``agent.obs_norm.update(obs)`` itself.
     ``separate_value_network`` gives the value head its own torso of the same kind
     (``agent.value_torso``), as in CleanRL's MuJoCo PPO; feed-forward agents only.
 

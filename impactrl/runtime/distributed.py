@@ -91,12 +91,13 @@ class LearnerGroup:
 
 class DistributedGroup(LearnerGroup):
     """Learner ``rank`` of ``size`` over torch.distributed, joined through the TCP store of learner 0
-    at 127.0.0.1:``port`` (learner 0 hosts it: ``port`` 0 picks a free one, then ``self.port``)."""
+    at ``host``:``port`` (learner 0 hosts it: ``port`` 0 picks a free one, then ``self.port``)."""
 
-    def __init__(self, rank: int, size: int, port: int, device: torch.device, watch: PeerWatch | None = None):
+    def __init__(self, rank: int, size: int, port: int, device: torch.device, watch: PeerWatch | None = None,
+                 host: str = "127.0.0.1"):
         self.rank, self.size, self.device, self.watch = rank, size, device, watch
         timeout = datetime.timedelta(seconds=PEER_TIMEOUT_S)
-        self.store = dist.TCPStore("127.0.0.1", port, size, is_master=rank == 0, timeout=timeout,
+        self.store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout,
                                    wait_for_workers=False)  # learner 0 starts the others once it has a port
         self.port = self.store.port
         self.joined = False

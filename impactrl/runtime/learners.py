@@ -27,6 +27,7 @@ import signal
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Callable, Protocol
 
 import torch
 import torch.multiprocessing as mp
@@ -39,6 +40,8 @@ from impactrl.metrics import MetricsWriter
 from impactrl.runtime.distributed import DistributedGroup, PeerStopped
 from impactrl.runtime.learner import Learner, LearnerCounters, checkpoint_name, learner_part_dir
 from impactrl.runtime.synthetic import Synthetic
+
+RunOne = Callable[..., LearnerCounters]  # a runtime's run_one_learner(config, learner, spec, run_dir, writer, synthetic)
 
 # How long learner 0 waits for the others to end: after a failure they checkpoint first.
 EXIT_WAIT_S = 30.0
@@ -70,17 +73,14 @@ class LocalLearners:
         self.reports: dict[int, Connection] = {}
         self.errors: dict[int, str] = {}
 
-    def start(self, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
+    def start(self, host: str, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
               synthetic: Synthetic | None) -> None:
-        """Start learner r (1..N-1) from learner 0's state and its own checkpoint part ``parts[r]``."""
         ctx = mp.get_context("spawn")
-        buffer = io.BytesIO()
-        torch.save(learner.state_dict(), buffer)
-        state = buffer.getvalue()
+        state = state_bytes(learner)
         for rank in range(1, self.config.num_learners):
             self.reports[rank], sender = ctx.Pipe(duplex=False)
             process = ctx.Process(target=learner_process, name=f"impactrl-learner-{rank}",
-                                  args=(self.config, rank, port, state, parts[rank], learner.learn, run_dir, synthetic,
+                                  args=(self.config, rank, host, port, state, parts[rank], learner.learn, run_dir, synthetic,
                                         sender, os.getpid()))
             process.start()
             sender.close()  # only the learner keeps it: its death closes the pipe
@@ -146,6 +146,13 @@ class LocalLearners:
             connection.close()
 
 
+def state_bytes(learner: Learner) -> bytes:
+    """Learner 0's state as the others start from it."""
+    buffer = io.BytesIO()
+    torch.save(learner.state_dict(), buffer)
+    return buffer.getvalue()
+
+
 def checkpoint_parts(config: TrainConfig, learner: Learner, run_dir: Path, writer: MetricsWriter) -> dict[int, Path | None]:
     """Each other learner's part of the checkpoint learner 0 resumed from; if any is missing or
     unreadable, none (learner 0 drops its own held data too) and one line that says so."""
@@ -169,49 +176,73 @@ def checkpoint_parts(config: TrainConfig, learner: Learner, run_dir: Path, write
     return fresh
 
 
-def run_learners(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
-                 synthetic: Synthetic | None = None) -> LearnerCounters:
-    """Learner 0 here, with learners 1..N-1 started beside it; see the module docstring."""
-    from impactrl.runtime.local import run_one_learner
+class Peers(Protocol):
+    """Learner 0's view of learners 1..N-1, whatever starts them (processes here, Ray actors on a
+    cluster): a ``PeerWatch`` that can also start and stop them."""
 
-    peers = LocalLearners(config, writer)
+    def start(self, host: str, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
+              synthetic: Synthetic | None) -> None:
+        """Start learner r (1..N-1) from learner 0's state and its own checkpoint part ``parts[r]``;
+        they meet at learner 0's store, ``host:port``."""
+
+    def check(self) -> None: ...
+
+    def failure(self, error: BaseException | None) -> BaseException: ...
+
+    def stop(self) -> None:
+        """Wait for the others to end (they stop with learner 0), end any that does not."""
+
+
+def run_learners(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+                 synthetic: Synthetic | None, peers: Peers, run_one: RunOne, host: str = "127.0.0.1") -> LearnerCounters:
+    """Learner 0 here, with learners 1..N-1 started beside it by ``peers``; ``run_one`` runs one
+    learner with its actors (the runtime's); see the module docstring."""
     group = DistributedGroup(0, config.num_learners, 0, learner.device, watch=peers)
     try:
         checkpoint_dir(run_dir).mkdir(exist_ok=True)  # the others write their parts inside it
-        peers.start(group.port, learner, checkpoint_parts(config, learner, run_dir, writer), run_dir, synthetic)
+        peers.start(host, group.port, learner, checkpoint_parts(config, learner, run_dir, writer), run_dir, synthetic)
         group.join()
         learner.join(group)
-        return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
+        return run_one(config, learner, spec, run_dir, writer, synthetic)
     finally:
         peers.stop()
         group.close()
 
 
-def learner_process(config: TrainConfig, rank: int, port: int, state: bytes, part: Path | None, learn: bool,
-                    run_dir: Path, synthetic: Synthetic | None, reports: Connection, parent_pid: int) -> None:
-    """Learner ``rank`` (> 0): learner 0's state, its own part of the checkpoint, its actors, the loop."""
-    from impactrl.runtime.local import exit_with_parent, run_one_learner
+def run_other_learner(config: TrainConfig, rank: int, host: str, port: int, state: bytes, part: Path | None,
+                      learn: bool, run_dir: Path, synthetic: Synthetic | None, writer, run_one: RunOne) -> None:
+    """Learner ``rank`` (> 0), wherever it runs: learner 0's state, its own part of the checkpoint,
+    its actors, the loop. PeerStopped when another learner ended the run."""
     from impactrl.training import build_learner
+
+    if config.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    learner, spec = build_learner(config, None)
+    learner.load_state_dict(torch.load(io.BytesIO(state), weights_only=True, map_location=learner.device))
+    if part is None:
+        learner.drop_local_data()
+    else:
+        learner.load_local_part(Learner.local_part(read_checkpoint(part, learner.device), learner.algorithm))
+    learner.learn = learn
+    group = DistributedGroup(rank, config.num_learners, port, learner.device, host=host)
+    group.join()
+    learner.join(group)
+    try:
+        run_one(config, learner, spec, run_dir, writer, synthetic)
+    finally:
+        group.close()
+
+
+def learner_process(config: TrainConfig, rank: int, host: str, port: int, state: bytes, part: Path | None, learn: bool,
+                    run_dir: Path, synthetic: Synthetic | None, reports: Connection, parent_pid: int) -> None:
+    """Learner ``rank`` (> 0) as a process of the local runtime."""
+    from impactrl.runtime.local import exit_with_parent, run_one_learner
 
     exit_with_parent(parent_pid)
     os.setpgrp()  # out of the terminal's process group: Ctrl-C is learner 0's to handle, and it stops everyone
     try:
-        if config.device == "cuda":
-            torch.cuda.set_device(rank)
-        learner, spec = build_learner(config, None)
-        learner.load_state_dict(torch.load(io.BytesIO(state), weights_only=True, map_location=learner.device))
-        if part is None:
-            learner.drop_local_data()
-        else:
-            learner.load_local_part(Learner.local_part(read_checkpoint(part, learner.device), learner.algorithm))
-        learner.learn = learn
-        group = DistributedGroup(rank, config.num_learners, port, learner.device)
-        group.join()
-        learner.join(group)
-        try:
-            run_one_learner(config, learner, spec, run_dir, PeerWriter(reports), synthetic)
-        finally:
-            group.close()
+        run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, PeerWriter(reports),
+                          run_one_learner)
     except PeerStopped:
         return
     except BaseException as error:  # noqa: BLE001 - whatever it was, learner 0 says it in one line

@@ -505,8 +505,9 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
     """Start the actors (or ``synthetic`` ones), run the learner loop here until the step budget
     is spent, stop them; with several learners, start the others first (``runtime/learners.py``)."""
     if config.num_learners > 1:
-        from impactrl.runtime.learners import run_learners
-        return run_learners(config, learner, spec, run_dir, writer, synthetic)
+        from impactrl.runtime.learners import LocalLearners, run_learners
+        return run_learners(config, learner, spec, run_dir, writer, synthetic, LocalLearners(config, writer),
+                            run_one_learner)
     return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
 
 

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-from impactrl.config import TrainConfig, ray_actor_resources
+from impactrl.config import TrainConfig, learner_resources, ray_actor_resources
 from impactrl.errors import UserError
 
 try:
@@ -49,19 +49,20 @@ def where_am_i() -> dict:
             "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
 
-def write_run_info(run_dir: Path, config: TrainConfig, learner: dict, actors: list,
+def write_run_info(path: Path, config: TrainConfig, learner: dict, actors: list,
                    weights: dict | None = None) -> None:
-    """``RUN_DIR/run_info.json``: where the learner and every process of every actor ran (newest
-    last); at the end also what the weight broadcasts cost."""
+    """``path`` (``RUN_DIR/run_info.json``; learner r > 0's ``run_info.learner-r.json``): where the
+    learner and every process of every actor ran (newest last); at the end also what the weight
+    broadcasts cost."""
     info = {"runtime": "ray", "ray_address": config.ray_address, "learner": learner,
             "actors": {str(actor.actor_id): actor.incarnations for actor in actors},
             # an actor whose newest process ended (lost with its node, killed) waits for Ray to restart it
             "running": {str(actor.actor_id): bool(actor.incarnations) and "ended_at" not in actor.incarnations[-1]
                         for actor in actors},
             **({"weights": weights} if weights is not None else {})}
-    partial = run_dir / ".run_info.json.partial"
+    partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(info, indent=1))
-    partial.replace(run_dir / "run_info.json")
+    partial.replace(path)
 
 
 def preflight(config: TrainConfig) -> None:
@@ -74,6 +75,7 @@ def preflight(config: TrainConfig) -> None:
         if custom:
             raise UserError(f"--ray-actor-resources {', '.join(custom)}: a local Ray instance has no such resource; "
                             "join a cluster whose nodes offer it with --ray-address")
+        check_local_learner_resources(config)
         return
     if config.ray_address != "auto":
         host, _, port = config.ray_address.rpartition(":")
@@ -93,15 +95,41 @@ def preflight(config: TrainConfig) -> None:
         raise UserError(f"--ray-address {config.ray_address}: the cluster's {nodes} node(s) can hold {capacity} "
                         f"actor(s) asking for {asked} each, not --num-actors {config.num_actors}; lower "
                         "--ray-actor-cpus or --num-actors, or add nodes")
+    others = config.num_learners - 1
+    nodes, capacity, asked = room_for(learner_resources(config), others)
+    if capacity < others:
+        ray.shutdown()
+        raise UserError(f"--ray-address {config.ray_address}: the cluster's {nodes} node(s) can hold {capacity} "
+                        f"learner(s) asking for {asked} each, not the {others} besides learner 0 of --num-learners "
+                        f"{config.num_learners}; change --learner-resources or add nodes")
+
+
+def check_local_learner_resources(config: TrainConfig) -> None:
+    """A local instance offers this machine's CPUs and GPUs only."""
+    import torch
+
+    asked = learner_resources(config)
+    custom = sorted(name for name, amount in asked.items() if name not in ("CPU", "GPU") and amount > 0)
+    if custom:
+        raise UserError(f"--learner-resources {', '.join(custom)}: a local Ray instance has no such resource; "
+                        "join a cluster whose nodes offer it with --ray-address")
+    gpus = asked.get("GPU", 0.0) * (config.num_learners - 1)
+    if gpus > torch.cuda.device_count():
+        raise UserError(f"--learner-resources GPU={asked['GPU']:g} for {config.num_learners - 1} learner(s) needs "
+                        f"{gpus:g} GPUs; PyTorch sees {torch.cuda.device_count()} here")
 
 
 def actor_capacity(config: TrainConfig) -> tuple[int, int, str]:
-    """The cluster's live nodes, how many actors their resources hold (counted per node from its
-    totals) and what each actor asks for."""
-    need = {"CPU": config.ray_actor_cpus, **ray_actor_resources(config)}
+    """The cluster's live nodes, how many actors their resources hold and what each asks for."""
+    return room_for({"CPU": config.ray_actor_cpus, **ray_actor_resources(config)}, config.num_actors)
+
+
+def room_for(need: dict[str, float], wanted: int) -> tuple[int, int, str]:
+    """The cluster's live nodes, how many processes asking for ``need`` their resources hold
+    (counted per node from its totals; ``wanted`` per node if they ask for nothing) and the ask in words."""
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
     capacity = sum(min((math.floor(node.get(name, 0.0) / amount + 1e-9) for name, amount in need.items() if amount > 0),
-                       default=config.num_actors) for node in nodes)
+                       default=wanted) for node in nodes)
     return len(nodes), capacity, ", ".join(f"{name}={amount:g}" for name, amount in need.items())
 
 
@@ -123,7 +151,8 @@ def connect(config: TrainConfig) -> None:
     if config.ray_address is not None:
         ray.init(address=config.ray_address, logging_level=logging.WARNING)
         return
-    cpus = max(os.cpu_count() or 1, math.ceil(config.num_actors * config.ray_actor_cpus))
+    learners = (config.num_learners - 1) * learner_resources(config)["CPU"]  # learner 0 is this process
+    cpus = max(os.cpu_count() or 1, math.ceil(config.num_actors * config.ray_actor_cpus + learners))
     reap_with_this_process()
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
 

@@ -17,6 +17,7 @@ from impactrl.data.rollout import BatchAssembler, RolloutSpec
 from impactrl.errors import ActorFailed
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
+from impactrl.runtime.distributed import learner_actor_ids
 from impactrl.runtime.learner import Learner, LearnerCounters
 from impactrl.runtime.ray.actor_side import ActorLoopFailed, RayActor, StartArgs, TakeReply, WeightsBoard
 from impactrl.runtime.ray.cluster import cluster_room, connect, first_line, where_am_i, write_run_info
@@ -120,8 +121,13 @@ class RayActors:
     """The actors on the cluster: the learner's BatchSource, and the bookkeeping of their restarts."""
 
     def __init__(self, config: TrainConfig, learner: Learner, spec: RolloutSpec, weights: ObjectStoreWeightSink,
-                 run_dir: Path, report: Callable[[str], None], synthetic: Synthetic | None = None):
-        self.config, self.learner, self.weights, self.run_dir = config, learner, weights, run_dir
+                 run_dir: Path, report: Callable[[str], None], synthetic: Synthetic | None = None,
+                 actor_ids: list[int] | None = None):
+        self.config, self.learner, self.weights = config, learner, weights
+        rank = learner.group.rank  # with several learners each keeps its own record of where its actors ran
+        self.run_info = run_dir / ("run_info.json" if rank == 0 else f"run_info.learner-{rank}.json")
+        # Those of the run's actors that feed this learner (all of them, unless there are several learners).
+        self.actor_ids = list(range(config.num_actors)) if actor_ids is None else actor_ids
         self.supervision = Supervision(config, learner.counters, report)
         self.synthetic = synthetic
         self.in_flight = unrolls_in_flight(config)
@@ -146,11 +152,11 @@ class RayActors:
             scheduling_strategy="SPREAD", runtime_env=ACTOR_RUNTIME_ENV)
         if config.synchronous:
             self.board = ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=config.num_actors + 2).remote()
-        for first in range(0, config.num_actors, per_process):
-            ids = list(range(first, min(first + per_process, config.num_actors)))
+        for first in range(0, len(self.actor_ids), per_process):
+            ids = self.actor_ids[first:first + per_process]
             handle = remote.remote(config, ids, self.spec, self.in_flight, self.board, self.synthetic)
             self.actors += [RayActorHandle(i, generation=learner.counters.updates, handle=handle) for i in ids]
-        write_run_info(self.run_dir, config, self.learner_where, self.actors)
+        write_run_info(self.run_info, config, self.learner_where, self.actors)
 
     def check_health(self) -> None:
         """Hung actors are found while waiting for replies (next_batch) and Ray restarts the dead;
@@ -172,7 +178,7 @@ class RayActors:
             ray.kill(handle, no_restart=True)
         if self.board is not None:
             ray.kill(self.board)
-        write_run_info(self.run_dir, self.config, self.learner_where, self.actors, self.weights.report())
+        write_run_info(self.run_info, self.config, self.learner_where, self.actors, self.weights.report())
 
     # --- BatchSource --------------------------------------------------------------------------
     def next_batch(self, timeout_s: float):
@@ -194,8 +200,9 @@ class RayActors:
                 self.supervision.waited(time.monotonic() - began, self.assembler.filling, self._restarting)
                 return None
         batch, meta = self.assembler.take()
+        by_id = {actor.actor_id: actor for actor in self.actors}
         for actor_id in meta["slot_actor_id"].tolist():
-            self.actors[actor_id].held -= 1
+            by_id[actor_id].held -= 1
         self.request()  # the actors go on producing while the learner trains
         self.supervision.served()
         return batch, meta
@@ -291,7 +298,7 @@ class RayActors:
         actor.next_generation(self.learner.counters.updates)
         if actor.incarnations and "ended_at" not in actor.incarnations[-1]:
             actor.incarnations[-1].update(ended_at=time.time(), end=actor.last_error)
-        write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
+        write_run_info(self.run_info, self.config, self.learner_where, self.actors)
         self.supervision.restarted(actor, f"failed ({actor.last_error})", "Ray brings it back where there is room")
 
     def _started(self, actor: RayActorHandle, where: dict) -> None:
@@ -306,7 +313,7 @@ class RayActors:
                                     f"({where['host']}, pid {where['pid']}) after "
                                     f"{time.monotonic() - actor.down_since:.0f} s")
         actor.down_since, actor.last_error = None, ""
-        write_run_info(self.run_dir, self.config, self.learner_where, self.actors)
+        write_run_info(self.run_info, self.config, self.learner_where, self.actors)
 
     def _restarting(self) -> str:
         starting = [actor.actor_id for actor in self.actors if actor.down_since is not None]
@@ -316,8 +323,8 @@ class RayActors:
 
 def unrolls_in_flight(config: TrainConfig) -> int:
     """Unrolls per actor in the object store (and in the learner's batches): the local runtime's
-    slots, shared out among the actors."""
-    return math.ceil(config.effective_rollout_slots / config.num_actors)
+    slots (each learner's), shared out among the actors (those of one learner)."""
+    return math.ceil(config.effective_rollout_slots / config.actors_per_learner)
 
 
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
@@ -329,8 +336,21 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
         torch.set_num_threads(learner_threads(config))
     connect(config)
     try:
-        weights = ObjectStoreWeightSink(config)
-        actors = RayActors(config, learner, spec, weights, run_dir, writer.message, synthetic)
-        return supervise(learner, actors, weights, run_dir, writer)
+        if config.num_learners > 1:
+            from impactrl.runtime.learners import run_learners
+            from impactrl.runtime.ray.learners import RayLearners
+            return run_learners(config, learner, spec, run_dir, writer, synthetic, RayLearners(config, writer),
+                                run_one_learner, host=ray.util.get_node_ip_address())
+        return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
     finally:
         ray.shutdown()  # a local instance stops with it; a joined cluster stays up
+
+
+def run_one_learner(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
+                    synthetic: Synthetic | None = None) -> LearnerCounters:
+    """One learner (of ``learner.group``) with its share of the actors on the cluster."""
+    group = learner.group
+    weights = ObjectStoreWeightSink(config)
+    actors = RayActors(config, learner, spec, weights, run_dir, writer.message, synthetic,
+                       learner_actor_ids(config.num_actors, group.size, group.rank))
+    return supervise(learner, actors, weights, run_dir, writer)
