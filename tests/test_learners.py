@@ -163,3 +163,42 @@ def test_a_killed_train_process_leaves_no_learner_or_actor_behind(run_dir):
     while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in left):
         time.sleep(0.2)
     assert not any(Path(f"/proc/{pid}").exists() for pid in left), "a learner or actor outlived the train process"
+
+
+def test_a_learners_own_part_of_a_checkpoint_is_its_data_and_the_rest_is_learner_0s():
+    """What a resumed learner r > 0 loads: learner 0's state, then its own part (IMPACT's buffer,
+    unabsorbed observations); without a part, no held data but learner 0's weights and target."""
+    config = dataclasses.replace(CASES["impact"][0], buffer_batches=3, normalize_observations=True)
+    own, unrolls = collect(config, slots=2)
+    for batch in unrolls:
+        own.add(batch)  # no step yet: their observations are still to be absorbed
+    leader, _ = build_learner(config, None)
+    leader.add(unrolls[0])
+    leader.update()
+    resumed, _ = build_learner(config, None)
+    resumed.load_state_dict(leader.state_dict())
+    resumed.load_local_part(own.local_part(own.state_dict(), own.algorithm))
+    assert len(resumed.algorithm.buffer) == 2 and len(resumed._unseen_obs) == 2
+    for key, value in leader.agent.state_dict().items():
+        assert torch.equal(resumed.agent.state_dict()[key], value)
+    resumed.drop_local_data()
+    assert len(resumed.algorithm.buffer) == 0 and not resumed._unseen_obs
+    for target, online in zip(resumed.algorithm.target.state_dict().values(),
+                              leader.algorithm.target.state_dict().values()):
+        assert torch.equal(target, online)
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_checkpoints_every_learner_and_resumes_with_their_parts(run_dir):
+    process = start_training(run_dir, "--num-learners", "2", "--algo", "impact", "--buffer-batches", "2",
+                             min_updates=10)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    saved = load_checkpoint(run_dir)["learner"]
+    name = f"ckpt_{saved['updates']:010d}.pt"
+    assert (run_dir / "checkpoints" / "learner-1" / name).is_file()
+    target = saved["env_steps"] + 3200
+    run_cli("train", "--resume", str(run_dir), "--total-env-steps", str(target), check=True)
+    assert "no readable part" not in (run_dir / "train.log").read_text()
+    assert load_checkpoint(run_dir)["learner"]["env_steps"] >= target
