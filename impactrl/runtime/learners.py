@@ -205,8 +205,10 @@ def run_learners(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_d
         learner.join(group)
         return run_one(config, learner, spec, run_dir, writer, synthetic)
     finally:
-        peers.stop()
+        # Leave the group first: a learner still waiting in a collective (learner 0 failed between
+        # two) then fails at once and ends, checkpointed, instead of being killed after EXIT_WAIT_S.
         group.close()
+        peers.stop()
 
 
 def run_other_learner(config: TrainConfig, rank: int, host: str, port: int, state: bytes, part: Path | None,
