@@ -22,6 +22,7 @@ from impactrl.runtime.actor import Actor
 from impactrl.metrics import MetricsWriter
 from impactrl.runtime.learner import LEARNER_STAGES, Learner, LearnerLoop
 from impactrl.runtime.local import LocalActors, SharedWeights
+from impactrl.runtime.prefetch import Prefetcher
 from impactrl.runtime.supervision import StopRequests
 from impactrl.training import build_learner
 
@@ -408,6 +409,9 @@ class ReplayedUnroll:
         self.assembler.add(*self.store.unroll(0))
         return self.assembler.take()
 
+    def check_health(self):
+        """Its one unroll never fails (what the Prefetcher asks of actors)."""
+
 
 def test_the_learner_publishes_at_most_every_publish_interval_updates(tmp_path: Path):
     config = TrainConfig(env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2, unroll_length=5,
@@ -440,3 +444,86 @@ def test_impact_trains_every_held_use_of_its_buffer_before_the_run_ends(tmp_path
         writer.close()
     assert learner.counters.env_steps == 30 and learner.counters.updates == 3 * 2
     assert not learner.algorithm.owes_updates()
+
+
+class RandomUnrolls:
+    """A runtime's actors as the Prefetcher sees them: batch k is slot k % 4 of a store of random
+    unrolls with stacked frames (what it counts: batches handed out, health checks)."""
+
+    def __init__(self, spec: RolloutSpec):
+        self.store = SlotStore(spec, num_slots=4, shared=False)
+        generator = torch.Generator().manual_seed(0)
+        for tensor in self.store.tensors():
+            tensor.copy_(torch.randint(0, 3, tensor.shape, generator=generator))  # frame indices within capacity
+        self.handed_out = self.checks = 0
+        self.failure: Exception | None = None
+
+    def batch(self, k: int):
+        return self.store.assemble([k % 4])
+
+    def next_batch(self, timeout_s):
+        self.handed_out += 1
+        return self.batch(self.handed_out - 1)
+
+    def check_health(self):
+        self.checks += 1
+        if self.failure is not None:
+            raise self.failure
+
+
+def test_prefetched_batches_equal_the_synchronous_ones_in_order_and_stop_at_the_budget():
+    spec = RolloutSpec(unroll_length=4, num_envs=2, obs_shape=(4, 6, 6), obs_dtype=torch.uint8, action_shape=(),
+                       action_dtype=torch.int64, frame_stack=4)
+    actors, taken = RandomUnrolls(spec), []
+    source = Prefetcher(actors, torch.device("cpu"), lambda: len(taken) < 6)
+    try:
+        while len(taken) < 6:
+            taken.append(source.next_batch(timeout_s=10.0))
+        time.sleep(0.3)  # the collector would have prepared more by now
+        # At most one past the budget: prepared as the last one was taken, before it was counted.
+        extra = source.next_batch(timeout_s=0.0)
+        time.sleep(0.3)
+        assert source.next_batch(timeout_s=0.0) is None
+    finally:
+        source.stop()
+    assert actors.handed_out == 6 + (extra is not None)
+    assert actors.checks > 0  # the collector checks the actors' health
+    for k, (batch, meta) in enumerate(taken):
+        expected, expected_meta = actors.batch(k)
+        expected = restack_frames(expected)  # what the learner would have done on its own thread
+        assert batch.keys() == expected.keys() and "frames" not in batch
+        for key in expected:
+            assert torch.equal(batch[key], expected[key]), key
+        for key in expected_meta:
+            assert torch.equal(meta[key], expected_meta[key]), key
+
+
+def test_what_the_collector_raises_is_raised_on_the_learners_thread():
+    actors = RandomUnrolls(small_spec())
+    source = Prefetcher(actors, torch.device("cpu"), lambda: True)
+    try:
+        assert source.next_batch(timeout_s=10.0) is not None
+        actors.failure = RuntimeError("actor 0 failed")
+        with pytest.raises(RuntimeError, match="actor 0 failed"):
+            for _ in range(100):  # the ready batch, then the failure at the latest
+                source.next_batch(timeout_s=0.1)
+                source.check_health()
+    finally:
+        source.stop()
+
+
+def test_a_learner_loop_fed_by_the_prefetcher_consumes_exactly_its_budget(tmp_path: Path):
+    config = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2,
+                         unroll_length=5, buffer_batches=4, buffer_uses=2, total_env_steps=3 * 2 * 5,
+                         log_interval_s=1e9, checkpoint_interval_s=1e9)
+    learner, spec = build_learner(config, None)
+    weights = SharedWeights(learner.agent, mp.get_context("spawn"))
+    writer = MetricsWriter(tmp_path, config.total_env_steps, terminal=None)
+    source = Prefetcher(ReplayedUnroll(config, spec), learner.device,
+                        lambda: learner.counters.env_steps < config.total_env_steps)
+    try:
+        LearnerLoop(learner, source, weights, tmp_path, writer, source.check_health).run()
+    finally:
+        source.stop()
+        writer.close()
+    assert learner.counters.env_steps == 30 and learner.counters.updates == 3 * 2

@@ -352,7 +352,38 @@ def core_state(batch: Batch) -> tuple[torch.Tensor, ...]:
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """The batch on ``device``; from pinned memory (a CUDA learner's assembled batches) the copy
-    is asynchronous, so it overlaps what the learner does next."""
+    is asynchronous, so it overlaps what the learner does next. A StagedBatch's copy was begun
+    earlier: the current stream only waits for it to end."""
     if device.type == "cpu":
         return batch
+    if isinstance(batch, StagedBatch):
+        return batch.on_device()
     return {key: value.to(device, non_blocking=value.is_pinned()) for key, value in batch.items()}
+
+
+class StagedBatch(dict):
+    """A batch on the host (what the learner loop reads of it: returns, rewards, tasks, for its
+    statistics) whose copy to the device, stacked frames rebuilt, runs on a side CUDA stream."""
+
+    def __init__(self, batch: Batch, copy: Batch, copied: torch.cuda.Event, device: torch.device):
+        super().__init__(batch)
+        self._copy, self._copied, self._device = copy, copied, device
+
+    def on_device(self) -> Batch:
+        """The device copy, safe to use on the current stream: it waits for the copy, and the
+        side stream's memory is not reused before the current stream is done with it."""
+        current = torch.cuda.current_stream(self._device)
+        current.wait_event(self._copied)
+        for value in self._copy.values():
+            value.record_stream(current)
+        return self._copy
+
+
+def stage_on_device(batch: Batch, device: torch.device, stream: torch.cuda.Stream) -> StagedBatch:
+    """Begin copying ``batch`` (pinned) to ``device`` on ``stream`` and rebuilding its stacked
+    frames there; the learner's step on the current stream goes on meanwhile."""
+    with torch.cuda.stream(stream):
+        copy = restack_frames({key: value.to(device, non_blocking=True) for key, value in batch.items()})
+        copied = torch.cuda.Event()
+        copied.record(stream)
+    return StagedBatch(batch, copy, copied, device)

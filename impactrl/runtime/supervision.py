@@ -28,6 +28,7 @@ from impactrl.config import TrainConfig
 from impactrl.errors import ActorFailed
 from impactrl.metrics import MetricsWriter
 from impactrl.runtime.learner import BatchSource, Learner, LearnerCounters, WeightSink, run_learner
+from impactrl.runtime.prefetch import Prefetcher
 
 
 def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
@@ -149,19 +150,23 @@ def supervise(learner: Learner, actors: Actors, weights: WeightSink, run_dir: Pa
     """Start the actors, run the learner loop until it ends, stop them, however it ends.
 
     A stop requested while spawning ends the spawning; the learner loop then checkpoints and
-    raises at its first check, and ``stop_all`` ends what was started."""
+    raises at its first check, and ``stop_all`` ends what was started. The learner loop gets its
+    batches from a collector thread (runtime/prefetch.py), stopped before the actors."""
+    source = Prefetcher(actors, learner.device,
+                        lambda: learner.counters.env_steps < learner.config.total_env_steps)
     with StopRequests() as stops:
         def check_health() -> None:
             if stops.requested:
                 raise KeyboardInterrupt  # here, between learner steps, not inside a pipe operation
-            actors.check_health()
+            source.check_health()
 
         try:
             stops.deferred = True
             actors.start_all(lambda: stops.requested)
             stops.deferred = False
-            return run_learner(learner, actors, weights, run_dir, writer, check_health)
+            return run_learner(learner, source, weights, run_dir, writer, check_health)
         finally:
+            source.stop()
             actors.stop_all()
 
 

@@ -4,6 +4,7 @@ its WeightSink, and ``run``."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,55 +35,57 @@ ACTOR_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
 
 
 class ObjectStoreWeightSink:
-    """WeightSink: remembers the newest publication; ``latest`` puts it in the object store when due.
-
-    The put happens when the learner next asks actors for data, which run_learner does only with
-    the agent exactly as last published (after an update that published, or before the first):
-    an update that nobody reads costs no copy. With ``weight_delta`` a publication is a delta
-    against the one before (every KEYFRAME_EVERY-th a full copy); ``held`` is what the actors
-    rebuild from them, so lossy errors never add up.
+    """WeightSink: ``publish`` takes a copy of the weights on the learner's thread; ``latest``
+    puts the newest one in the object store when the actors are next asked for data, on the
+    thread that asks them (the collector, runtime/prefetch.py), so the put is off the SGD thread
+    and the step after a publication cannot change what is put. Several publications before
+    that cost one put. With ``weight_delta`` a publication is a delta against the one before
+    (every KEYFRAME_EVERY-th a full copy); ``held`` is what the actors rebuild from them, so
+    lossy errors never add up.
     """
 
     def __init__(self, config: TrainConfig):
         self.keyframe_every = 1 if config.weight_delta == "off" else KEYFRAME_EVERY
         self.bound = delta_bound(config)
-        self.agent: Agent | None = None
-        self.version = -1
-        self.unshipped = False  # a publish since the last message; PPO may publish one version twice
+        self._lock = threading.Lock()
+        # (weights, version) published since the last message; PPO may publish one version twice
+        self.unshipped: tuple[dict[str, torch.Tensor], int] | None = None
         self.message: WeightsMessage | None = None
         self.held: dict[str, torch.Tensor] | None = None
         self.stats = {"publications": 0, "full_copies": 0, "bytes_full_copy": 0, "bytes_deltas": 0, "encode_s": 0.0}
 
     def publish(self, agent: Agent, version: int) -> None:
-        self.agent, self.version, self.unshipped = agent, version, True
+        state = {key: value.detach().to("cpu", copy=True) for key, value in agent.state_dict().items()}
+        with self._lock:
+            self.unshipped = state, version
 
     def publication(self) -> int:
         """The newest publication shipped to actors (0 before the first)."""
         return 0 if self.message is None else self.message.publication
 
     def latest(self) -> WeightsMessage:
-        message = self.message
-        if self.unshipped:
-            self.unshipped = False
-            began = time.perf_counter()
-            state = {key: value.detach().cpu().clone() for key, value in self.agent.state_dict().items()}
-            publication = 1 if message is None else message.publication + 1
-            stats = self.stats
-            if (publication - 1) % self.keyframe_every == 0:
-                base, parts, self.held = publication, [], state
-                size = stats["bytes_full_copy"] = sum(value.nbytes for value in state.values())
-                payload = {key: value.numpy() for key, value in state.items()}
-                stats["full_copies"] += 1
-            else:
-                base, parts = message.base, list(message.parts)
-                payload = encode_delta(state, self.held, self.bound)
-                self.held = apply_delta(self.held, payload, self.bound)
-                size = delta_bytes(payload)
-                stats["bytes_deltas"] += size
-            parts.append(shipped(payload, size))
-            self.message = WeightsMessage(self.version, publication, base, parts)
-            stats["publications"] += 1
-            stats["encode_s"] += time.perf_counter() - began
+        with self._lock:
+            unshipped, self.unshipped = self.unshipped, None
+        if unshipped is None:
+            return self.message
+        began = time.perf_counter()
+        (state, version), message, stats = unshipped, self.message, self.stats
+        publication = 1 if message is None else message.publication + 1
+        if (publication - 1) % self.keyframe_every == 0:
+            base, parts, self.held = publication, [], state
+            size = stats["bytes_full_copy"] = sum(value.nbytes for value in state.values())
+            payload = {key: value.numpy() for key, value in state.items()}
+            stats["full_copies"] += 1
+        else:
+            base, parts = message.base, list(message.parts)
+            payload = encode_delta(state, self.held, self.bound)
+            self.held = apply_delta(self.held, payload, self.bound)
+            size = delta_bytes(payload)
+            stats["bytes_deltas"] += size
+        parts.append(shipped(payload, size))
+        self.message = WeightsMessage(version, publication, base, parts)
+        stats["publications"] += 1
+        stats["encode_s"] += time.perf_counter() - began
         return self.message
 
     def report(self) -> dict:
