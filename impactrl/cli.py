@@ -189,9 +189,9 @@ def validate_train(config: TrainConfig, resume: Path | None, checkpoint_name: st
         raise UserError('--wandb-project needs Weights & Biases: pip install -e ".[wandb]" (or pip install wandb)')
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: PyTorch sees no CUDA device here (use --device cpu, or install a CUDA build of torch)")
-    if config.device == "cuda" and config.num_learners > torch.cuda.device_count():
-        raise UserError(f"--num-learners {config.num_learners} with --device cuda needs one GPU per learner; "
-                        f"PyTorch sees {torch.cuda.device_count()}")
+    if config.runtime == "local" and config.device == "cuda" and config.num_learners > torch.cuda.device_count():
+        raise UserError(f"--num-learners {config.num_learners} with --device cuda needs one GPU per learner here; "
+                        f"PyTorch sees {torch.cuda.device_count()} (or place them with --runtime ray)")
     tasks = run_tasks(config)
     check_where_actors_run(tasks.ids, env_options(config))
     family = env_family(tasks.ids[0])
