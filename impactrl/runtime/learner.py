@@ -22,6 +22,10 @@ and the loop is::
             publish_interval updates
         every log interval: one metrics line, checked by the diagnostic rules   (Telemetry)
         every checkpoint interval: a checkpoint                                  (Checkpointer)
+
+With ``--num-learners N`` every learner runs this loop in lockstep, each on its share of every
+batch: each round begins with one agreement between them (``LearnerLoop.agree``), and the SGD
+step reduces their gradients (``Learner.update``; runtime/distributed.py).
 """
 
 from __future__ import annotations
@@ -534,7 +538,7 @@ class LearnerLoop:
             self.take(*self.held)
             self.held = None
         if decision["not_ready"]:
-            return True  # nothing came within the wait: check health and the stop conditions again
+            return True  # a batch (some learner's) did not come within the wait: check health and stop again
         self.train()
         if self.telemetry.due():
             self.telemetry.write()
