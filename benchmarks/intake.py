@@ -1,7 +1,8 @@
 """The learner's intake alone: ``impactrl bench --synthetic-actors N --no-learning`` on Pong unrolls,
 with 8, 64 and 256 simulated actors, on the local runtime and on a two-node Ray cluster simulated
-on this machine (``ray.cluster_utils.Cluster``). One JSON line per run, with the learner's time
-per publication (publish share / updates per second: IMPALA publishes after every update).
+on this machine (``ray.cluster_utils.Cluster``, 2 GiB of object store per node). One JSON line
+per run, with the learner's time per publication (publish share / updates per second: IMPALA
+publishes after every update).
 
     python benchmarks/intake.py >> benchmarks/results/intake.jsonl
     python benchmarks/intake.py --runtimes ray --actors 256 --seconds 300   # the soak
@@ -16,7 +17,10 @@ import sys
 
 from impactrl.runtime.ray import two_node_cluster
 
-PONG = ["--env", "ALE/Pong-v5", "--algo", "impala", "--env-backend", "envpool", "--no-learning", "--json"]
+# The Atari preset centres frames on their running mean, which absorbs each batch's frames at the
+# next SGD step; with --no-learning there is none, and the frames would pile up in the learner.
+PONG = ["--env", "ALE/Pong-v5", "--algo", "impala", "--env-backend", "envpool", "--no-learning",
+        "--no-normalize-observations", "--json"]
 
 
 def bench(actors: int, seconds: float, *flags: str) -> dict:
