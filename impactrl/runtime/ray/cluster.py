@@ -27,12 +27,15 @@ except ImportError:  # an optional extra: preflight says how to install it
 @contextlib.contextmanager
 def two_node_cluster(node_cpus: int) -> Iterator[str]:
     """The address of a Ray cluster of two nodes simulated on this machine, each promising
-    ``node_cpus`` CPUs, shut down afterwards: the multi-node path without a second machine."""
+    ``node_cpus`` CPUs and an object store of 2 GiB, shut down afterwards: the multi-node path
+    without a second machine. A real node's store is 30% of its memory; Ray's test default of
+    150 MiB spilled replies to disk from 64 simulated Pong actors on (benchmarks/README.md)."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": node_cpus})
+    node = {"num_cpus": node_cpus, "object_store_memory": 2 * 2**30}
+    cluster = Cluster(initialize_head=True, head_node_args=node)
     try:
-        cluster.add_node(num_cpus=node_cpus)
+        cluster.add_node(**node)
         cluster.wait_for_nodes()
         yield cluster.address
     finally:
