@@ -190,6 +190,19 @@ def test_observation_statistics_move_after_the_batch_is_used_and_ppo_starts_at_r
     assert norm.count.item() == pytest.approx(count_before.item() + 2 * 32)
 
 
+def test_a_learner_that_does_not_learn_keeps_no_observations():
+    """impactrl bench --no-learning: batches keep coming and nothing piles up for the statistics."""
+    config = TrainConfig(algo="impala", env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2,
+                         unroll_length=8, normalize_observations=True)
+    learner, batches = collect(config, slots=1)
+    learner.learn = False
+    count_before = learner.agent.obs_norm.count.clone()
+    for _ in range(3):
+        learner.add(batches[0])
+        assert learner.update() == {}
+    assert not learner._unseen_obs and torch.equal(learner.agent.obs_norm.count, count_before)
+
+
 def test_kl_coefficient_adapts_once_per_target_period():
     config = dataclasses.replace(IMPACT, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, buffer_batches=1,
                                  buffer_uses=2, target_update_period=3)

@@ -145,7 +145,7 @@ class Learner:
         began = time.perf_counter()
         batch = restack_frames(to_device(batch, self.device))
         moved = time.perf_counter()
-        if self.agent.obs_norm is not None:
+        if self.agent.obs_norm is not None and self.learn:  # the statistics learn too: --no-learning freezes them
             self._unseen_obs.append(batch["obs"][:-1].flatten(0, 1))
         with self.autocast():
             self.algorithm.add_batch(batch)
