@@ -17,10 +17,7 @@ import sys
 
 from impactrl.runtime.ray import two_node_cluster
 
-# The Atari preset centres frames on their running mean, which absorbs each batch's frames at the
-# next SGD step; with --no-learning there is none, and the frames would pile up in the learner.
-PONG = ["--env", "ALE/Pong-v5", "--algo", "impala", "--env-backend", "envpool", "--no-learning",
-        "--no-normalize-observations", "--json"]
+PONG = ["--env", "ALE/Pong-v5", "--algo", "impala", "--env-backend", "envpool", "--no-learning", "--json"]
 
 
 def bench(actors: int, seconds: float, *flags: str) -> dict:
