@@ -394,7 +394,7 @@ def bench(argv: Sequence[str]) -> int:
               "  --actors-per-process K  simulated actors per process (default: N spread over the cores\n"
               "                          the learner leaves)\n"
               "  --no-learning           the learner receives, assembles, transfers and publishes, but takes\n"
-              "                          no SGD step\n"
+              "                          no SGD step and leaves the observation statistics as they are\n"
               "  --json                  print only one JSON object")
         return 0
     if not known.seconds > known.warmup_seconds >= 0:
