@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import FAST, run_cli
-from test_runtime import children_of, read_metrics, start_training
+from test_runtime import assert_gone_soon, children_of, read_metrics, start_training
 
 pytestmark = pytest.mark.slow  # each test trains with real processes and kills or breaks them
 
@@ -123,10 +123,7 @@ def test_a_killed_learner_leaves_no_actor_and_resumes_from_its_last_checkpoint(r
         time.sleep(0.2)
     process.kill()
     process.wait(30)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in actors):
-        time.sleep(0.2)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in actors), "actor processes outlived the learner"
+    assert_gone_soon(actors, "actor processes")
     saved = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["learner"]
     assert saved["updates"] > 0
     target = saved["env_steps"] + 3200

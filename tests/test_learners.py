@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch.multiprocessing as mp
 
 from conftest import collect, run_cli, run_in_process
 from test_learning import best_return
-from test_runtime import children_of, read_metrics, start_training
+from test_runtime import assert_gone_soon, children_of, read_metrics, start_training
 
 from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig
@@ -159,10 +158,7 @@ def test_a_killed_train_process_leaves_no_learner_or_actor_behind(run_dir):
     left = [learner, *children_of(learner), *children_of(process.pid)]
     process.kill()
     process.wait(30)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in left):
-        time.sleep(0.2)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in left), "a learner or actor outlived the train process"
+    assert_gone_soon(left, "a learner or actor")
 
 
 def test_a_learners_own_part_of_a_checkpoint_is_its_data_and_the_rest_is_learner_0s():

@@ -300,6 +300,14 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def assert_gone_soon(pids: list[int], what: str) -> None:
+    """Every process of ``pids`` ends within 30 s (polled: a loaded machine reaps them late)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids), f"{what} outlived the process that ended"
+
+
 @pytest.mark.slow
 def test_continuous_control_runs_end_to_end_with_normalisation(run_dir: Path):
     """Hopper with the PPO MuJoCo preset: Gaussian head, separate critic, obs/reward normalisation."""
@@ -430,11 +438,15 @@ def test_the_learner_publishes_at_most_every_publish_interval_updates(tmp_path: 
     assert weights.publication() == 3 and weights.version() == 8  # versions 0, 4 and 8
 
 
+# A step budget of three batches for IMPACT with a buffer of four places, each batch used twice.
+THREE_BATCHES_OF_IMPACT = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2,
+                                      unrolls_per_batch=2, unroll_length=5, buffer_batches=4, buffer_uses=2,
+                                      total_env_steps=3 * 2 * 5, log_interval_s=1e9, checkpoint_interval_s=1e9)
+
+
 def test_impact_trains_every_held_use_of_its_buffer_before_the_run_ends(tmp_path: Path):
     """Budget spent with three batches in a buffer of four places: each is still used K times."""
-    config = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2,
-                         unroll_length=5, buffer_batches=4, buffer_uses=2, total_env_steps=3 * 2 * 5,
-                         log_interval_s=1e9, checkpoint_interval_s=1e9)
+    config = THREE_BATCHES_OF_IMPACT
     learner, spec = build_learner(config, None)
     weights = SharedWeights(learner.agent, mp.get_context("spawn"))
     writer = MetricsWriter(tmp_path, config.total_env_steps, terminal=None)
@@ -513,9 +525,7 @@ def test_what_the_collector_raises_is_raised_on_the_learners_thread():
 
 
 def test_a_learner_loop_fed_by_the_prefetcher_consumes_exactly_its_budget(tmp_path: Path):
-    config = TrainConfig(algo="impact", env="CartPole-v1", num_actors=1, envs_per_actor=2, unrolls_per_batch=2,
-                         unroll_length=5, buffer_batches=4, buffer_uses=2, total_env_steps=3 * 2 * 5,
-                         log_interval_s=1e9, checkpoint_interval_s=1e9)
+    config = THREE_BATCHES_OF_IMPACT
     learner, spec = build_learner(config, None)
     weights = SharedWeights(learner.agent, mp.get_context("spawn"))
     writer = MetricsWriter(tmp_path, config.total_env_steps, terminal=None)
