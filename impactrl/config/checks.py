@@ -64,8 +64,12 @@ def learner_problems(config: TrainConfig) -> list[str]:
                      f"(each learner's batch is one unroll from each of its actors' envs), got {config.num_actors}")
     share = learners * config.envs_per_actor
     if not config.synchronous and config.unrolls_per_batch >= 1 and config.unrolls_per_batch % share:
-        found.append(f"unrolls_per_batch={config.unrolls_per_batch} must be a multiple of num_learners * "
-                     f"envs_per_actor = {share} (each learner takes an equal share of every batch)")
+        batch = config.unrolls_per_batch
+        fixes = [f"--unrolls-per-batch {-(-batch // share) * share}"]
+        if batch % learners == 0:
+            fixes.append(f"--envs-per-actor {max(d for d in range(1, config.envs_per_actor) if batch // learners % d == 0)}")
+        found.append(f"unrolls_per_batch={batch} must be a multiple of num_learners * envs_per_actor = {share} (each "
+                     f"learner takes an equal share of every batch): e.g. {' or '.join(fixes)}")
     if config.synchronous and config.num_minibatches > config.steps_per_batch // learners:
         found.append(f"num_minibatches={config.num_minibatches} exceeds the {config.steps_per_batch // learners} "
                      f"steps of one learner's share of a batch")
