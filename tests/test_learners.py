@@ -104,7 +104,10 @@ def test_two_learners_on_halves_step_as_one_learner_on_the_whole_batch():
 @pytest.mark.parametrize("flags, says", [
     (["--num-learners", "3", "--num-actors", "2"], "num_learners=3 needs num_actors >= 3"),
     (["--num-learners", "2", "--unrolls-per-batch", "8", "--envs-per-actor", "8"],
-     "unrolls_per_batch=8 must be a multiple of num_learners * envs_per_actor = 16"),
+     "unrolls_per_batch=8 must be a multiple of num_learners * envs_per_actor = 16 (each learner takes an equal "
+     "share of every batch): e.g. --unrolls-per-batch 16 or --envs-per-actor 4"),
+    (["--num-learners", "3", "--num-actors", "3", "--unrolls-per-batch", "8", "--envs-per-actor", "8"],
+     "e.g. --unrolls-per-batch 24"),
     (["--algo", "ppo", "--num-learners", "2", "--num-actors", "3"], "ppo with num_learners=2 needs num_actors a multiple of 2"),
     (["--num-learners", "2", "--unrolls-per-batch", "16", "--envs-per-actor", "8", "--max-policy-lag", "5"],
      "max_policy_lag with num_learners > 1 is not supported"),
