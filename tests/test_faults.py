@@ -43,10 +43,11 @@ def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path, algo: s
         [sys.executable, "-m", "impactrl", "train", "--algo", algo, "--total-env-steps", "80000", "--out", str(run_dir),
          *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
-            time.sleep(0.2)
-        victims = actor_pids(process.pid)
+        # metrics.jsonl is created before the actors start: wait for its first line, and for them.
+        metrics, deadline, victims = run_dir / "metrics.jsonl", time.monotonic() + 120, []
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size and
+                                                   (victims := actor_pids(process.pid))):
+            time.sleep(0.05)
         assert victims, "no actor processes found"
         os.kill(victims[0], signal.SIGKILL)
         _, stderr = process.communicate(timeout=300)

@@ -52,13 +52,15 @@ def test_cartpole_reaches_450_on_every_seed(tmp_path: Path, algo: str, seed: int
     """The README's command: each preset reaches 450 within 500k steps on each seed (seeds 1-10,
     alone and beside another run: docs/results.md#cartpole-v1-impala-and-impact-to-450). The
     whole budget, because the agent is evaluated after: stopped once its last 100 episodes
-    reached 450, an IMPACT agent once scored 141 over the 20 episodes (its newest weights in a dip)."""
+    reached 450, an IMPACT agent once scored 141 over the 20 episodes (its newest weights in a dip).
+    Greedily: sampling its actions, a final IMPALA agent of seed 2 once scored 379 in CI; in five
+    reruns of that seed sampled play scored 473-500 and greedy play 500."""
     run_dir = tmp_path / "run"
     best = best_return(run_dir, 450, "--algo", algo, "--env", "CartPole-v1", "--num-actors", "2",
                        "--total-env-steps", "500000", seed=seed, stop_at_bar=False)
     assert best >= 450
-    result = run_cli("eval", str(run_dir), "--episodes", "20", check=True)
-    assert json.loads(result.stdout.splitlines()[-1])["return_mean"] >= 400
+    result = run_cli("eval", str(run_dir), "--episodes", "20", "--greedy", check=True)
+    assert json.loads(result.stdout.splitlines()[-1])["return_mean"] >= 475
 
 
 @pytest.mark.slow
