@@ -48,11 +48,11 @@ EXIT_WAIT_S = 30.0
 
 
 class PeerWriter:
-    """A learner other than 0's stand-in for the run's MetricsWriter: its lines go to learner 0;
-    its metrics and diagnostics are learner 0's to write."""
+    """A learner other than 0's stand-in for the run's MetricsWriter: its lines go to ``say``
+    (which brings them to learner 0's terminal); its metrics and diagnostics are learner 0's to write."""
 
-    def __init__(self, reports: Connection):
-        self.reports = reports
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
 
     def write(self, record: dict) -> None:
         pass
@@ -61,7 +61,7 @@ class PeerWriter:
         pass
 
     def message(self, text: str) -> None:
-        self.reports.send(("message", text))
+        self.say(text)
 
 
 class LocalLearners:
@@ -243,8 +243,8 @@ def learner_process(config: TrainConfig, rank: int, host: str, port: int, state:
     exit_with_parent(parent_pid)
     os.setpgrp()  # out of the terminal's process group: Ctrl-C is learner 0's to handle, and it stops everyone
     try:
-        run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, PeerWriter(reports),
-                          run_one_learner)
+        writer = PeerWriter(lambda text: reports.send(("message", text)))
+        run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, writer, run_one_learner)
     except PeerStopped:
         return
     except BaseException as error:  # noqa: BLE001 - whatever it was, learner 0 says it in one line

@@ -25,29 +25,12 @@ from impactrl.errors import LearnerFailed
 from impactrl.metrics import MetricsWriter
 from impactrl.runtime.distributed import PeerStopped
 from impactrl.runtime.learner import Learner
-from impactrl.runtime.learners import EXIT_WAIT_S, run_other_learner, state_bytes
+from impactrl.runtime.learners import EXIT_WAIT_S, PeerWriter, run_other_learner, state_bytes
 from impactrl.runtime.ray.cluster import first_line, where_am_i
 from impactrl.runtime.synthetic import Synthetic
 
 
 PLACE_TIMEOUT_S = 120.0  # for Ray to start the learner actors (a node with the resources free)
-
-
-class PrintedLines:
-    """A learner other than 0's stand-in for the run's MetricsWriter: its lines go to its stdout,
-    which Ray forwards to learner 0's terminal; its metrics are learner 0's to write."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def warn(self, text: str) -> None:
-        pass
-
-    def message(self, text: str) -> None:
-        print(f"learner {self.rank}: {text}", flush=True)
 
 
 class RemoteLearner:
@@ -61,8 +44,9 @@ class RemoteLearner:
         from impactrl.runtime.ray.learner_side import run_one_learner
 
         try:
-            run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, PrintedLines(rank),
-                              run_one_learner)
+            # Its lines go to its stdout, which Ray forwards to learner 0's terminal.
+            writer = PeerWriter(lambda text: print(f"learner {rank}: {text}", flush=True))
+            run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, writer, run_one_learner)
         except PeerStopped:
             return
 
