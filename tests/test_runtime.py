@@ -195,6 +195,26 @@ def test_full_slots_make_actors_wait():
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
+def test_actors_with_unrolls_ready_are_read_in_turn():
+    """Each actor with an unroll waiting gets its turn: the first actor's queue does not go first
+    every time while the others' unrolls age."""
+    config = TrainConfig(env="CartPole-v1", num_actors=2, envs_per_actor=2, unrolls_per_batch=2, unroll_length=5,
+                         rollout_slots=6)
+    learner, store, weights, actors = start_local_actors(config)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(store.policy_version == 5) and time.monotonic() < deadline:
+            time.sleep(0.05)  # every slot of both actors is written and waits to be read
+        sources = []
+        while len(sources) < 6 and time.monotonic() < deadline:
+            actors._receive(1.0)
+            if actors.assembler:
+                sources += actors.assembler.take()[1]["slot_actor_id"].tolist()
+        assert sources == [0, 1, 0, 1, 0, 1]
+    finally:
+        actors.stop_all()
+
+
 
 @pytest.mark.slow
 def test_a_restarted_synchronous_actor_waits_for_a_publication_newer_than_its_last_unroll():

@@ -349,6 +349,7 @@ class LocalActors:
         self.groups = [self.actors[i:i + per_process] for i in range(0, len(self.actors), per_process)]
         self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.supervision = Supervision(config, learner.counters, report)
+        self._next_turn = 0  # the position in ``actors`` of the actor read first next (_receive)
 
     # --- processes ----------------------------------------------------------------------------
     def start(self, group: list[LocalActorHandle]) -> None:
@@ -444,14 +445,16 @@ class LocalActors:
         self.start(group)
 
     # --- BatchSource --------------------------------------------------------------------------
-    def _drain(self, actor: ActorHandle, until_batch: bool = False) -> None:
+    def _drain(self, actor: ActorHandle, most: int | None = None) -> None:
         """Read the messages the actor has sent (committed slots, or a failure report): all of
-        them, or ``until_batch`` only until a batch is complete, so that slots left unread hold
-        the actors back while the learner is behind (backpressure)."""
+        them, or at most ``most``, so that slots left unread hold the actors back while the
+        learner is behind (backpressure)."""
         connection = actor.commits
+        read = 0
         try:
-            while connection is not None and not (until_batch and self.assembler) and connection.poll():
+            while connection is not None and read != most and connection.poll():
                 message = connection.recv()
+                read += 1
                 if isinstance(message, tuple):
                     _, actor.fatal, actor.last_error = message
                 else:
@@ -467,12 +470,23 @@ class LocalActors:
             actor.commits = None
 
     def _receive(self, timeout_s: float) -> None:
-        live = {actor.commits: actor for actor in self.actors if actor.commits is not None}
+        """Read committed unrolls until a batch is complete: one from each actor with one ready in
+        turn, starting after the actor read last. (Read in a fixed order, the first actor's
+        unrolls went first whenever it had one, and the second's waited ~100 updates.)"""
+        count = len(self.actors)
+        order = [self.actors[(self._next_turn + k) % count] for k in range(count)]
+        live = {actor.commits: actor for actor in order if actor.commits is not None}
         if not live:
             time.sleep(min(timeout_s, 0.05))
             return
-        for connection in wait(list(live), timeout=timeout_s):
-            self._drain(live[connection], until_batch=True)
+        ready = set(wait(list(live), timeout=timeout_s))
+        turns = deque(actor for actor in order if actor.commits in ready)
+        while turns and not self.assembler:
+            actor = turns.popleft()
+            self._drain(actor, most=1)
+            self._next_turn = (self.actors.index(actor) + 1) % count
+            if actor.commits is not None and actor.commits.poll():
+                turns.append(actor)
 
     def next_batch(self, timeout_s: float):
         """Learner side: the next batch of ``slots_per_batch`` unrolls, each copied into it (and its
