@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import FAST, run_cli
+from impactrl.config import TrainConfig
 from test_runtime import assert_gone_soon, children_of, read_metrics, start_training
 
 pytestmark = pytest.mark.slow  # each test trains with real processes and kills or breaks them
@@ -49,6 +50,11 @@ def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path, algo: s
                                                    (victims := actor_pids(process.pid))):
             time.sleep(0.05)
         assert victims, "no actor processes found"
+        # They yield the cores to the learner by --actor-niceness (set as each starts).
+        yielded = os.getpriority(os.PRIO_PROCESS, 0) + TrainConfig().actor_niceness
+        while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, victims[0]) != yielded:
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, victims[0]) == yielded
         os.kill(victims[0], signal.SIGKILL)
         _, stderr = process.communicate(timeout=300)
     finally:

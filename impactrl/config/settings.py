@@ -79,6 +79,9 @@ class RuntimeSettings:
 
     learner_threads: int = bounded(0, at_least(0))
     """Intra-op threads for the learner's PyTorch ops; 0 = the cores the actors leave free (at least 1)."""
+    actor_niceness: int = bounded(5, within(0, 19))
+    """CPU niceness the actor processes add to the learner's (as nice(1) adds): where they share cores,
+    the learner's step runs first and the actors take what it leaves; 0 = as equals (benchmarks/README.md)."""
 
 
 @dataclass(frozen=True)

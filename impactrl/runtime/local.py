@@ -272,10 +272,12 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def start_actor_process(stop, parent_pid: int) -> Callable[[], bool]:
-    """What every actor process does first: exit with the learner, leave Ctrl-C to it (it stops the
-    actors); returns the process's should_stop (the run's stop flag, or the learner gone)."""
+def start_actor_process(stop, parent_pid: int, niceness: int) -> Callable[[], bool]:
+    """What every actor process does first: exit with the learner, yield the cores to it by
+    ``niceness``, leave Ctrl-C to it (it stops the actors); returns the process's should_stop (the
+    run's stop flag, or the learner gone)."""
     exit_with_parent(parent_pid)
+    os.nice(niceness)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return lambda: bool(stop.value) or os.getppid() != parent_pid
 
@@ -283,7 +285,7 @@ def start_actor_process(stop, parent_pid: int) -> Callable[[], bool]:
 def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: SharedWeights, store: SlotStore,
                   free_slots: list[int], returns: Connection, commits: Connection, heartbeats: torch.Tensor,
                   stop, reward_stats: np.ndarray | None, committed_with: int | None, parent_pid: int) -> None:
-    should_stop = start_actor_process(stop, parent_pid)
+    should_stop = start_actor_process(stop, parent_pid, config.actor_niceness)
     try:
         endpoint = ActorEndpoint(store, actor_id, free_slots, returns, commits, heartbeats, should_stop)
         weights.attach(endpoint.heartbeat, should_stop)
@@ -302,7 +304,7 @@ def synthetic_process(config: TrainConfig, synthetic: Synthetic, actor_ids: list
                       weights: SharedWeights, store: SlotStore, slots: list[list[int]], returns: list[Connection],
                       commits: list[Connection], heartbeats: torch.Tensor, stop, parent_pid: int) -> None:
     """One process of simulated actors (``impactrl bench --synthetic-actors``): see runtime/synthetic.py."""
-    should_stop = start_actor_process(stop, parent_pid)
+    should_stop = start_actor_process(stop, parent_pid, config.actor_niceness)
     torch.set_num_threads(1)
     sinks = [ActorEndpoint(store, actor_id, own, back, out, heartbeats, should_stop)
              for actor_id, own, back, out in zip(actor_ids, slots, returns, commits)]
