@@ -476,19 +476,20 @@ class LocalActors:
         turn, starting after the actor read last. (Read in a fixed order, the first actor's
         unrolls went first whenever it had one, and the second's waited ~100 updates.)"""
         count = len(self.actors)
-        order = [self.actors[(self._next_turn + k) % count] for k in range(count)]
-        live = {actor.commits: actor for actor in order if actor.commits is not None}
+        order = [(self._next_turn + k) % count for k in range(count)]
+        live = {self.actors[i].commits: i for i in order if self.actors[i].commits is not None}
         if not live:
             time.sleep(min(timeout_s, 0.05))
             return
         ready = set(wait(list(live), timeout=timeout_s))
-        turns = deque(actor for actor in order if actor.commits in ready)
+        turns = deque(live[connection] for connection in live if connection in ready)
         while turns and not self.assembler:
-            actor = turns.popleft()
+            i = turns.popleft()
+            actor = self.actors[i]
             self._drain(actor, most=1)
-            self._next_turn = (self.actors.index(actor) + 1) % count
+            self._next_turn = (i + 1) % count
             if actor.commits is not None and actor.commits.poll():
-                turns.append(actor)
+                turns.append(i)
 
     def next_batch(self, timeout_s: float):
         """Learner side: the next batch of ``slots_per_batch`` unrolls, each copied into it (and its
