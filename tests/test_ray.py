@@ -217,7 +217,8 @@ def test_a_killed_actor_worker_is_restarted_by_ray_and_the_run_finishes(run_dir:
     try:
         victim = wait_until_training(run_dir, process)["actors"]["0"][-1]["pid"]
         # --actor-niceness, not Ray's default +15 for workers, which starves actors beside any busy process.
-        assert os.getpriority(os.PRIO_PROCESS, victim) == os.getpriority(os.PRIO_PROCESS, 0) + TrainConfig().actor_niceness
+        yielded = min(os.getpriority(os.PRIO_PROCESS, 0) + TrainConfig().actor_niceness, 19)
+        assert os.getpriority(os.PRIO_PROCESS, victim) == yielded
         os.kill(victim, signal.SIGKILL)
         _, stderr = process.communicate(timeout=300)
     finally:
