@@ -192,9 +192,6 @@ def test_full_slots_make_actors_wait():
         actors.stop_all()
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 def test_actors_with_unrolls_ready_are_read_in_turn():
     """Each actor with an unroll waiting gets its turn: the first actor's queue does not go first
     every time while the others' unrolls age."""
@@ -214,6 +211,9 @@ def test_actors_with_unrolls_ready_are_read_in_turn():
     finally:
         actors.stop_all()
 
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
