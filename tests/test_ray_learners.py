@@ -47,6 +47,8 @@ def test_a_killed_ray_learner_stops_the_run_with_a_checkpoint_and_resume_continu
         assert time.monotonic() < deadline, "learner 1 wrote no checkpoint part"
         time.sleep(0.2)
     learner = json.loads(info.read_text())["learner"]["pid"]
+    # at the driver's priority, not Ray's default +15 for workers: learners must not yield to actors
+    assert os.getpriority(os.PRIO_PROCESS, learner) == os.getpriority(os.PRIO_PROCESS, 0)
     os.kill(learner, signal.SIGKILL)
     _, stderr = process.communicate(timeout=180)
     assert process.returncode == 1
