@@ -9,6 +9,13 @@ import pytest
 FAST = ["--num-actors", "2", "--envs-per-actor", "4", "--unrolls-per-batch", "8", "--log-interval-s", "0.5"]
 
 
+def actor_niceness() -> int:
+    """The niceness an actor process of a run started from here runs at: this process's plus the
+    default --actor-niceness, capped at 19 as the kernel caps it."""
+    from impactrl.config import TrainConfig
+    return min(os.getpriority(os.PRIO_PROCESS, 0) + TrainConfig().actor_niceness, 19)
+
+
 def run_cli(*args: str, timeout: float = 300, check: bool = False, extra_path: str | None = None
             ) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1")

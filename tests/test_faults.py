@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAST, run_cli
-from impactrl.config import TrainConfig
+from conftest import FAST, actor_niceness, run_cli
 from test_runtime import assert_gone_soon, children_of, read_metrics, start_training
 
 pytestmark = pytest.mark.slow  # each test trains with real processes and kills or breaks them
@@ -51,7 +50,7 @@ def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path, algo: s
             time.sleep(0.05)
         assert victims, "no actor processes found"
         # They yield the cores to the learner by --actor-niceness (set as each starts).
-        yielded = min(os.getpriority(os.PRIO_PROCESS, 0) + TrainConfig().actor_niceness, 19)
+        yielded = actor_niceness()
         while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, victims[0]) != yielded:
             time.sleep(0.05)
         assert os.getpriority(os.PRIO_PROCESS, victims[0]) == yielded
