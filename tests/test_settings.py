@@ -90,6 +90,23 @@ def test_learning_rate_anneals_over_a_wall_time_budget_when_it_ends_first():
     assert learner.learning_rate() == pytest.approx(0.001 * 0.9)
 
 
+def test_an_anneal_horizon_of_its_own_outlasts_the_step_and_wall_time_budgets():
+    config = resolve_train_config(["--env", "CartPole-v1", "--total-env-steps", "1000000", "--max-wall-time-s", "100",
+                                   "--lr-decay-env-steps", "4000000", "--learning-rate", "0.001"]).config
+    learner, _ = build_learner(config, None)
+    learner.counters.env_steps = 1_000_000  # the whole step budget, a quarter of the horizon
+    learner.wall_time_progress = 0.9
+    assert learner.learning_rate() == pytest.approx(0.001 * 0.75)
+    learner.counters.env_steps = 5_000_000  # a resumed run with a raised budget, past the horizon
+    assert learner.learning_rate() == 0.0
+
+
+def test_an_anneal_horizon_without_annealing_is_warned_about(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "train", "--algo", "impact", "--env", "CartPole-v1", "--no-lr-decay",
+                            "--lr-decay-env-steps", "1000", "--total-env-steps", "10", "--out", str(tmp_path / "run"))
+    assert "--lr-decay-env-steps is read with --lr-decay only" in result.stderr
+
+
 def test_an_integer_valued_number_is_taken_for_an_integer_setting_and_a_fraction_refused(tmp_path: Path, capsys):
     config_file = tmp_path / "budget.yaml"
     config_file.write_text("total_env_steps: 1e6\nhidden_sizes: [32.0, 16]\n")

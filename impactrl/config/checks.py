@@ -166,6 +166,8 @@ def unread_settings(config: TrainConfig, given: set[str], family: str) -> list[s
     for name in sorted(unread & {n for names in OPTIMIZER_SETTINGS.values() for n in names}):
         readers = " or ".join(o for o, names in OPTIMIZER_SETTINGS.items() if name in names)
         found.append(f"--{name.replace('_', '-')} is read by --optimizer {readers} only")
+    if "lr_decay_env_steps" in given and not config.lr_decay:
+        found.append("--lr-decay-env-steps is read with --lr-decay only")
     return found
 
 

@@ -132,11 +132,15 @@ class Learner:
                 self.reward_stats[actor_id] = stats
 
     def learning_rate(self) -> float:
-        """Annealed linearly to 0 over the step budget, or over max_wall_time_s if that ends first."""
+        """Annealed linearly to 0 over lr_decay_env_steps if given, else over the step budget or
+        max_wall_time_s, whichever ends first."""
         c = self.config
         if not c.lr_decay:
             return c.learning_rate
-        progress = max(self.counters.env_steps / c.total_env_steps, self.wall_time_progress)
+        if c.lr_decay_env_steps is not None:
+            progress = self.counters.env_steps / c.lr_decay_env_steps
+        else:
+            progress = max(self.counters.env_steps / c.total_env_steps, self.wall_time_progress)
         return c.learning_rate * max(0.0, 1.0 - progress)
 
     def add(self, batch: Batch) -> Batch:
