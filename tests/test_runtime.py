@@ -257,11 +257,12 @@ def test_train_writes_contract_outputs(finished_run: Path):
     assert evaluation["torso_dead_units"] == []  # CartPole's MLP torso is tanh: no ReLU layer to die
 
 
-def start_training(run_dir: Path, *args: str, min_updates: int = 1) -> subprocess.Popen:
-    """A run with a budget it will not reach, once it has logged ``min_updates`` learner updates."""
+def start_training(run_dir: Path, *args: str, min_updates: int = 1, own_group: bool = False) -> subprocess.Popen:
+    """A run with a budget it will not reach, once it has logged ``min_updates`` learner updates;
+    ``own_group``: in a process group of its own (its pid is the group's id)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "100000000", "--out", str(run_dir),
-         *FAST, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         *FAST, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=own_group)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
         try:
@@ -277,14 +278,16 @@ def start_training(run_dir: Path, *args: str, min_updates: int = 1) -> subproces
 
 @pytest.mark.slow
 def test_stopped_run_resumes_with_its_version_and_env_steps(run_dir: Path):
-    process = start_training(run_dir, min_updates=40)
+    process = start_training(run_dir, min_updates=40, own_group=True)
     try:
-        process.send_signal(signal.SIGTERM)  # what a scheduler sends; Ctrl-C takes the same path
+        # What a scheduler sends (Slurm's scancel: every process of the job); Ctrl-C takes the same path.
+        os.killpg(process.pid, signal.SIGTERM)
         _, stderr = process.communicate(timeout=180)
     finally:
         if process.poll() is None:  # a hung stop must not outlive the test
             process.kill()
     assert process.returncode == 130, stderr
+    assert "restarting" not in stderr and read_metrics(run_dir)[-1]["actor_restarts"] == 0  # they were stopping too
     before = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)["learner"]
     assert before["env_steps"] > 0 and before["updates"] > 0
     target = before["env_steps"] + 3200

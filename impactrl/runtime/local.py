@@ -51,6 +51,10 @@ from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
 
 
 STARTUP_GRACE_S = 60.0
+# A SIGTERM sent to the whole process group (timeout, Slurm's scancel, kill -- -PGID) ends the
+# actors at once and the learner at its next check (within about a second): an actor ended by
+# SIGTERM is restarted only if the learner is still running this long after.
+TERMINATED_GRACE_S = 5.0
 
 
 class Stopping(Exception):
@@ -351,6 +355,7 @@ class LocalActors:
         self.groups = [self.actors[i:i + per_process] for i in range(0, len(self.actors), per_process)]
         self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.supervision = Supervision(config, learner.counters, report)
+        self._terminated_at: dict[int, float] = {}  # a group's lead actor -> when it was first seen ended by SIGTERM
         self._next_turn = 0  # the position in ``actors`` of the actor read first next (_receive)
 
     # --- processes ----------------------------------------------------------------------------
@@ -423,6 +428,10 @@ class LocalActors:
         for group in self.groups:
             process = group[0].process
             if not process.is_alive():
+                if process.exitcode == -signal.SIGTERM and \
+                        now - self._terminated_at.setdefault(group[0].actor_id, now) < TERMINATED_GRACE_S:
+                    continue
+                self._terminated_at.pop(group[0].actor_id, None)
                 for actor in group:
                     self._drain(actor)  # what it sent before dying: committed slots, its traceback
                 self._restart(group, f"died with exit code {process.exitcode}")
