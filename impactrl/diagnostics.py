@@ -196,21 +196,22 @@ def torso_layer_dead(records: Records, config: TrainConfig) -> Finding | None:
 
 @rule
 def returns_flat(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> Finding | None:
-    returns = [(r["env_steps"], r["episode_return_mean"]) for r in records if r.get("episode_return_mean") is not None]
-    if len(returns) < 12 or returns[-1][0] < 0.3 * config.total_env_steps:
+    # The best block of RETURN_BLOCK episodes in the first two thirds of the run against the last
+    # third: a few lines' means were the maxima of a handful of games each (Pong), so a run still
+    # improving read as flat.
+    blocks = episode_blocks(records, RETURN_BLOCK)
+    if len(blocks) < 6 or records[-1]["env_steps"] < 0.3 * config.total_env_steps:
         return None
-    # Best 3-line average in the first two thirds of the window against the last third.
-    smooth = [(returns[i][0], sum(v for _, v in returns[i:i + 3]) / 3) for i in range(len(returns) - 2)]
-    split = 2 * len(smooth) // 3
-    best_before = max(v for _, v in smooth[:split])
-    best_after = max(v for _, v in smooth[split:])
+    split = 2 * len(blocks) // 3
+    best_before = max(block.mean for block in blocks[:split])
+    best_after = max(block.mean for block in blocks[split:])
     if reward_threshold is not None and best_before >= reward_threshold:
         return None  # solved, not stuck
     if best_after > best_before + 0.02 * max(abs(best_before), 1.0):
         return None
     return Finding("returns_flat",
-                   f"the mean return has not improved over the last {returns[-1][0] - smooth[split][0]:,} env steps "
-                   f"(best {best_before:.2f} before, {best_after:.2f} since)",
+                   f"the mean return has not improved over the last {records[-1]['env_steps'] - blocks[split - 1].env_steps:,} "
+                   f"env steps (best {best_before:.2f} before, {best_after:.2f} since, means of {RETURN_BLOCK} episodes)",
                    "learning has stalled: credit may not reach far enough back, or exploration stopped",
                    f"longer unrolls (--unroll-length {2 * config.unroll_length}, now {config.unroll_length}), "
                    f"a higher --entropy-cost (now {config.entropy_cost}), or another --learning-rate")

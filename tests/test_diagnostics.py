@@ -17,7 +17,8 @@ def healthy(i: int, **changes) -> dict:
     """One metrics line of an unremarkable run, ``i`` log intervals (5 s each) in."""
     record = {
         "env_steps": 10_000 * (i + 1), "wall_time_s": 5.0 * (i + 1), "learner_updates": 50 * (i + 1),
-        "env_steps_per_s": 20_000.0, "episode_return_mean": 10.0 + 5 * i, "policy_lag_mean": 2.0,
+        "env_steps_per_s": 20_000.0, "episode_return_mean": 10.0 + 5 * i, "episode_return_std": 5.0,
+        "episodes": 100, "policy_lag_mean": 2.0,
         "policy_lag_max": 4, "time/learner_wait_fraction": 0.2, "time/actor_wait_fraction": 0.1,
         "time/actor_inference_fraction": 0.4, "time/actor_env_steps_per_s": 50_000.0,
         "vtrace/rho_extreme_fraction": 0.01, "loss/entropy": 0.69, "reward/batch_abs_max": 1.0,
@@ -95,6 +96,15 @@ def test_returns_flat_for_long_unless_solved():
     assert "--unroll-length 40" in finding.change
     assert "returns_flat" not in fired(records, reward_threshold=95.0)
     assert "returns_flat" not in fired(run_of(length=40))  # still improving
+
+
+def test_returns_of_a_few_games_a_line_are_not_read_as_flat():
+    # Pong's lines hold a few games each: three lines of won games (21) halfway through cannot be
+    # beaten later, while the means of 100 games rise from -20 to 18.
+    streaks = {250, 251, 252, 390, 391, 392}
+    records = [healthy(i, episodes=2, episode_return_std=0.0,
+                       episode_return_mean=21.0 if i in streaks else -20 + 38 * i / 399) for i in range(400)]
+    assert "returns_flat" not in fired(records)
 
 
 def test_returns_that_rose_and_fell_back_unless_by_noise_or_solved():
