@@ -27,6 +27,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from impactrl.config import TrainConfig  # noqa: E402
 from impactrl.runtime.ray import (RayActor, StartArgs, WeightsBoard, ObjectStoreWeightSink, apply_delta,  # noqa: E402
                                   delta_bytes, encode_delta)
+from impactrl.runtime.ray.cluster import worker_env  # noqa: E402
 from impactrl.runtime.synthetic import Synthetic  # noqa: E402
 from impactrl.training import build_learner  # noqa: E402
 
@@ -204,6 +205,26 @@ def test_a_reply_carries_the_queued_unrolls_whole_in_order_and_at_most_its_limit
             for key, value in sent[0].items():
                 assert np.array_equal(value, again[0][key], equal_nan=True)  # episode_return: NaN but at ends
         assert not np.array_equal(first[0][0]["obs"], middle[0][0]["obs"])  # four different unrolls
+    finally:
+        ray.shutdown()
+
+
+def test_a_reply_travels_inside_the_call_not_through_the_object_store():
+    """Ray puts a return over 100 KiB in the object store (a put, pin and free in the raylet for
+    each); the actors' runtime env raises that bound, so a MinAtar unroll of 32 envs (0.3 MB) comes inside
+    the call's answer: this checks that the installed Ray still honours the setting."""
+    config = TrainConfig(env="MinAtar/Breakout-v1", algo="impala", num_actors=1, envs_per_actor=32)
+    learner, spec = build_learner(config, None)
+    sink = ObjectStoreWeightSink(config)
+    sink.publish(learner.agent, 1)
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        actor = ray.remote(RayActor).options(num_cpus=0, max_concurrency=4, runtime_env=worker_env(0)).remote(
+            config, [0], spec, 2, None, Synthetic(actors_per_process=1, recorded_unrolls=2))
+        reply = actor.take.remote(0, StartArgs(generation=0, reward_stats=None), sink.latest(), 1)
+        (arrays, _, _), = ray.get(reply, timeout=120).unrolls
+        assert sum(value.nbytes for value in arrays.values()) > 100 * 1024  # Ray's default bound
+        assert ray.experimental.get_object_locations([reply])[reply]["node_ids"] == []  # on no node's store
     finally:
         ray.shutdown()
 

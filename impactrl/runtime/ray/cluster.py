@@ -42,11 +42,19 @@ def two_node_cluster(node_cpus: int) -> Iterator[str]:
         cluster.shutdown()
 
 
-def at_niceness(niceness: int) -> dict:
-    """The runtime_env of a Ray actor whose process runs at ``niceness`` above the node's Ray
-    processes. Ray's default, +15 for its own servers' sake, leaves a worker almost no CPU beside
-    any other busy process: learners run at 0, actors at --actor-niceness."""
-    return {"env_vars": {"RAY_worker_niceness": str(niceness)}}
+# A reply up to this size travels inside the call's answer, straight from the actor to the learner;
+# Ray's default (100 KiB) sends every unroll through the object store: a put, a pin and a free
+# in the raylet per reply (benchmarks/README.md, "Replies inside the call"). Larger ones still go there.
+REPLY_INLINE_BYTES = 16 * 2**20
+
+
+def worker_env(niceness: int) -> dict:
+    """The runtime_env of a Ray actor or learner: its process runs at ``niceness`` above the
+    node's Ray processes (Ray's default, +15 for its own servers' sake, leaves a worker almost no
+    CPU beside any other busy process: learners run at 0, actors at --actor-niceness), and returns
+    replies of up to REPLY_INLINE_BYTES inside the call, on any cluster."""
+    return {"env_vars": {"RAY_worker_niceness": str(niceness),
+                         "RAY_max_direct_call_object_size": str(REPLY_INLINE_BYTES)}}
 
 
 def first_line(error: BaseException) -> str:

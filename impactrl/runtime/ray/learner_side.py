@@ -21,7 +21,7 @@ from impactrl.models import Agent
 from impactrl.runtime.distributed import learner_actor_ids
 from impactrl.runtime.learner import Learner, LearnerCounters
 from impactrl.runtime.ray.actor_side import ActorLoopFailed, RayActor, StartArgs, TakeReply, WeightsBoard
-from impactrl.runtime.ray.cluster import at_niceness, cluster_room, connect, first_line, where_am_i, write_run_info
+from impactrl.runtime.ray.cluster import cluster_room, connect, first_line, where_am_i, worker_env, write_run_info
 from impactrl.runtime.ray.codec import (KEYFRAME_EVERY, WeightsMessage, apply_delta, delta_bound, delta_bytes,
                                         encode_delta, shipped)
 from impactrl.runtime.synthetic import Synthetic
@@ -146,7 +146,7 @@ class RayActors:
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
             # every take waits in its own thread; silent_s never queues
             max_concurrency=per_process * 2 + 1,
-            scheduling_strategy="SPREAD", runtime_env=at_niceness(config.actor_niceness))
+            scheduling_strategy="SPREAD", runtime_env=worker_env(config.actor_niceness))
         if config.synchronous:
             self.board = ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=config.num_actors + 2).remote()
         for first in range(0, len(self.actor_ids), per_process):

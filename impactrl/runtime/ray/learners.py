@@ -26,7 +26,7 @@ from impactrl.metrics import MetricsWriter
 from impactrl.runtime.distributed import PeerStopped
 from impactrl.runtime.learner import Learner
 from impactrl.runtime.learners import EXIT_WAIT_S, PeerWriter, run_other_learner, state_bytes
-from impactrl.runtime.ray.cluster import at_niceness, first_line, where_am_i
+from impactrl.runtime.ray.cluster import first_line, where_am_i, worker_env
 from impactrl.runtime.synthetic import Synthetic
 
 
@@ -66,7 +66,7 @@ class RayLearners:
         remote = ray.remote(RemoteLearner).options(
             num_cpus=resources.pop("CPU", 1.0), num_gpus=resources.pop("GPU", 0.0), resources=resources,
             # a restarted learner would have lost its place in the lockstep: the run stops
-            runtime_env=at_niceness(0), max_restarts=0)
+            runtime_env=worker_env(0), max_restarts=0)
         state = ray.put(state_bytes(learner))
         self.handles = {rank: remote.remote() for rank in range(1, self.config.num_learners)}
         # Placed first (an actor serves one call at a time, and run returns only at the end): where
