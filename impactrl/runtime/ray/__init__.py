@@ -9,8 +9,9 @@ Data flow (the only channels there are)::
              holds fewer than ``in_flight`` unrolls of that actor it has not trained on yet;
              ``limit`` is the room left
     actor i -> learner: the reply to a take: every unroll queued by then (at least one, at most
-             ``limit``), each with its UnrollRecord (Ray keeps a reply over 100 KiB in the object
-             store, owned by the learner); the learner copies each once, into the batch being filled
+             ``limit``), each with its UnrollRecord, inside the call's answer up to 16 MiB
+             (cluster.REPLY_INLINE_BYTES; larger ones through the object store, owned by the
+             learner); the learner copies each once, into the batch being filled
     learner -> actors: the weights, once per publication (at most every ``publish_interval``
              updates; PPO's every one), ride on take calls: an actor loads the newest one it
              has at its next unroll boundary. PPO's actors, whose takes are all out while
