@@ -211,8 +211,8 @@ def test_a_reply_carries_the_queued_unrolls_whole_in_order_and_at_most_its_limit
 
 def test_a_reply_travels_inside_the_call_not_through_the_object_store():
     """Ray puts a return over 100 KiB in the object store (a put, pin and free in the raylet for
-    each); the actors' runtime env raises that bound, so a MinAtar unroll of 32 envs (0.3 MB) comes inside
-    the call's answer: this checks that the installed Ray still honours the setting."""
+    each); the actors' runtime env raises that bound, so a MinAtar unroll of 32 envs (0.3 MB)
+    comes inside the call's answer: this checks that the installed Ray still honours the setting."""
     config = TrainConfig(env="MinAtar/Breakout-v1", algo="impala", num_actors=1, envs_per_actor=32)
     learner, spec = build_learner(config, None)
     sink = ObjectStoreWeightSink(config)
