@@ -4,6 +4,7 @@ really removed."""
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from impactrl.config import TrainConfig  # noqa: E402
 from impactrl.runtime.ray import (RayActor, StartArgs, WeightsBoard, ObjectStoreWeightSink, apply_delta,  # noqa: E402
                                   delta_bytes, encode_delta)
 from impactrl.runtime.ray.cluster import worker_env  # noqa: E402
+from impactrl.runtime.ray.learner_side import take_at_least, unrolls_in_flight  # noqa: E402
 from impactrl.runtime.synthetic import Synthetic  # noqa: E402
 from impactrl.training import build_learner  # noqa: E402
 
@@ -207,6 +209,21 @@ def test_a_reply_carries_the_queued_unrolls_whole_in_order_and_at_most_its_limit
         assert not np.array_equal(first[0][0]["obs"], middle[0][0]["obs"])  # four different unrolls
     finally:
         ray.shutdown()
+
+
+def test_a_take_waits_for_half_an_actors_share_but_never_holds_every_actor_back_short_of_a_batch():
+    """With the default slots a take asks for 2 or more unrolls; with any slots the checks allow,
+    every actor held back (more than in_flight - take_at_least of its unrolls in the learner's
+    batches) means a whole batch is there to train on."""
+    config = TrainConfig(env="CartPole-v1", num_actors=2)
+    assert take_at_least(unrolls_in_flight(config), 2, config.slots_per_batch) >= 2
+    for actors in range(1, 20):
+        for slots_per_batch in range(1, 20):
+            for slots in [2 * actors + 2 * slots_per_batch, *range(max(slots_per_batch + 1, actors), 50)]:
+                in_flight = math.ceil(slots / actors)
+                least = take_at_least(in_flight, actors, slots_per_batch)
+                assert 1 <= least <= math.ceil(in_flight / 2)
+                assert actors * (in_flight - least + 1) >= slots_per_batch
 
 
 def test_a_reply_travels_inside_the_call_not_through_the_object_store():

@@ -5,9 +5,10 @@ Data flow (the only channels there are)::
     actor i: run_actor on a thread of a Ray actor writes each unroll into its one preallocated
              slot; commit copies it out and queues it; at most ``in_flight`` copies not yet
              taken, then the loop waits for the learner (backpressure)
-    learner -> actor i: take(start, weights, limit)   one call out per actor, while the learner
-             holds fewer than ``in_flight`` unrolls of that actor it has not trained on yet;
-             ``limit`` is the room left
+    learner -> actor i: take(start, weights, limit)   one call out per actor, once
+             ``take_at_least`` (about half) of its ``in_flight`` share is free: the learner
+             holds only the rest in unrolls of that actor it has not trained on yet; ``limit``
+             is the room left, so a learner that falls behind gets several unrolls per call
     actor i -> learner: the reply to a take: every unroll queued by then (at least one, at most
              ``limit``), each with its UnrollRecord, inside the call's answer up to 16 MiB
              (cluster.REPLY_INLINE_BYTES; larger ones through the object store, owned by the

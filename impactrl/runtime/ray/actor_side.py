@@ -181,6 +181,9 @@ class RayActor:
         except BaseException as error:  # noqa: BLE001 - handed to the learner by take()
             self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc())
 
+    # Ray records each task's state changes for its dashboard and sends them to the GCS: hundreds
+    # of takes a second, in every process they touch (benchmarks/README.md, "Fewer calls").
+    @ray.method(enable_task_events=False)
     def take(self, actor_id: int, start: StartArgs, weights: WeightsMessage, limit: int) -> TakeReply:
         """Up to ``limit`` unrolls actor ``actor_id`` has queued, oldest first (waiting for the
         first); the first call starts the loop with ``start``."""

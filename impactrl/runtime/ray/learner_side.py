@@ -128,6 +128,7 @@ class RayActors:
         self.supervision = Supervision(config, learner.counters, report)
         self.synthetic = synthetic
         self.in_flight = unrolls_in_flight(config)
+        self.take_at_least = take_at_least(self.in_flight, len(self.actor_ids), config.slots_per_batch)
         self.spec = spec
         self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.owner: dict = {}  # take call -> (RayActorHandle, its epoch when the call was sent)
@@ -205,15 +206,16 @@ class RayActors:
         return batch, meta
 
     def request(self) -> None:
-        """Keep one take out per actor that has room (it holds fewer than ``in_flight`` unrolls in
-        the learner's batches), for as many unrolls as fit, with the newest weights.
+        """Keep one take out per actor that has room (the learner's batches hold at most
+        ``in_flight - take_at_least`` of its unrolls), for as many unrolls as fit, with the newest
+        weights.
 
         One call at a time per actor: its reply carries every unroll the actor queued meanwhile,
-        so the calls, replies and object-store entries per unroll fall as the learner falls
-        behind, where several calls out each took the next single unroll."""
+        so the calls and replies per unroll fall as the learner falls behind, where several calls
+        out each took the next single unroll."""
         weights = self.weights.latest()
         for actor in self.actors:
-            if not actor.pending and actor.held < self.in_flight:
+            if not actor.pending and self.in_flight - actor.held >= self.take_at_least:
                 call = actor.handle.take.remote(
                     actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id),
                                               actor.received_with), weights, self.in_flight - actor.held)
@@ -322,6 +324,16 @@ def unrolls_in_flight(config: TrainConfig) -> int:
     """Unrolls per actor in the object store (and in the learner's batches): the local runtime's
     slots (each learner's), shared out among the actors (those of one learner)."""
     return math.ceil(config.effective_rollout_slots / config.actors_per_learner)
+
+
+def take_at_least(in_flight: int, actors: int, slots_per_batch: int) -> int:
+    """The room (in unrolls) an actor must have before a take goes out to it: half its share, so
+    that while the learner is the bottleneck (the actors' queues full) each reply carries that many
+    unrolls and every call's fixed cost (the learner's, the actor's, Ray's threads in both) is spread
+    over them (benchmarks/README.md, "Fewer calls"). Never so much that every actor could be held
+    back with no batch complete: each then holds more than ``in_flight - take_at_least`` unrolls,
+    ``slots_per_batch`` in all at least."""
+    return max(1, min(math.ceil(in_flight / 2), in_flight + 1 - math.ceil(slots_per_batch / actors)))
 
 
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
