@@ -215,10 +215,11 @@ class RayActors:
         out each took the next single unroll."""
         weights = self.weights.latest()
         for actor in self.actors:
-            if not actor.pending and self.in_flight - actor.held >= self.take_at_least:
+            room = self.in_flight - actor.held
+            if not actor.pending and room >= self.take_at_least:
                 call = actor.handle.take.remote(
                     actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id),
-                                              actor.received_with), weights, self.in_flight - actor.held)
+                                              actor.received_with), weights, room)
                 actor.pending.add(call)
                 self.owner[call] = actor, actor.epoch
         if self.board is not None and weights.publication > self.posted:
