@@ -30,8 +30,8 @@ from impactrl.runtime.supervision import ActorHandle, Supervision, learner_threa
 
 class ObjectStoreWeightSink:
     """WeightSink: ``publish`` takes a copy of the weights on the learner's thread; ``latest``
-    puts the newest one in the object store when the actors are next asked for data, on the
-    thread that asks them (the collector, runtime/prefetch.py), so the put is off the SGD thread
+    puts the newest one in the object store when a take next carries it, on the thread that
+    sends the takes (the collector, runtime/prefetch.py), so the put is off the SGD thread
     and the step after a publication cannot change what is put. Several publications before
     that cost one put. With ``weight_delta`` a publication is a delta against the one before
     (every KEYFRAME_EVERY-th a full copy); ``held`` is what the actors rebuild from them, so
@@ -213,19 +213,25 @@ class RayActors:
         One call at a time per actor: its reply carries every unroll the actor queued meanwhile,
         so the calls and replies per unroll fall as the learner falls behind, where several calls
         out each took the next single unroll."""
-        weights = self.weights.latest()
+        # Put only when a take carries it: while the learner is the bottleneck about half the
+        # publications reach no actor, and a put costs the learner, the raylet and the actors
+        # (benchmarks/README.md, "Weights put only when a take carries them").
+        weights = None
         for actor in self.actors:
             room = self.in_flight - actor.held
             if not actor.pending and room >= self.take_at_least:
+                weights = weights or self.weights.latest()
                 call = actor.handle.take.remote(
                     actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id),
                                               actor.received_with), weights, room)
                 actor.pending.add(call)
                 self.owner[call] = actor, actor.epoch
-        if self.board is not None and weights.publication > self.posted:
-            # Waited for: a post whose reference was dropped at once was lost in about one run in four.
-            ray.get(self.board.post.remote(weights))
-            self.posted = weights.publication
+        if self.board is not None:
+            weights = weights or self.weights.latest()
+            if weights.publication > self.posted:
+                # Waited for: a post whose reference was dropped at once was lost in about one run in four.
+                ray.get(self.board.post.remote(weights))
+                self.posted = weights.publication
 
     def _receive(self, call) -> None:
         actor, epoch = self.owner.pop(call)
