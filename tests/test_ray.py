@@ -26,8 +26,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from impactrl.config import TrainConfig  # noqa: E402
-from impactrl.runtime.ray import (RayActor, StartArgs, WeightsBoard, ObjectStoreWeightSink, apply_delta,  # noqa: E402
-                                  delta_bytes, encode_delta)
+from impactrl.runtime.ray import (ObjectStoreWeightSink, ObjectStoreWeightSource, RayActor, StartArgs,  # noqa: E402
+                                  WeightsBoard, apply_delta, delta_bytes, encode_delta)
 from impactrl.runtime.ray.cluster import worker_env  # noqa: E402
 from impactrl.runtime.ray.learner_side import take_at_least, unrolls_in_flight  # noqa: E402
 from impactrl.runtime.synthetic import Synthetic  # noqa: E402
@@ -175,6 +175,34 @@ def test_a_restarted_ray_actor_acts_with_the_newest_weights_and_ppo_pulls_them_f
                 assert time.monotonic() < deadline
                 time.sleep(0.5)
         assert reply.where is not None and reply.unrolls[0][1].policy_version == 12
+    finally:
+        ray.shutdown()
+
+
+def test_an_actor_keeps_the_weights_a_take_brings_not_their_object_refs():
+    """A reference kept past the take that brought it makes the actor's process a borrower, which
+    costs RPCs with the learner for every publication: the weight source fetches the parts at
+    once, and a chain of lossless deltas still rebuilds the learner's weights bit for bit."""
+    config = TrainConfig(env="MinAtar/Breakout-v1", weight_delta="lossless")
+    learner = build_learner(config, None)[0]
+    optimizer = torch.optim.SGD(learner.agent.parameters(), lr=0.1)
+    sink, source = ObjectStoreWeightSink(config), ObjectStoreWeightSource(None)
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        for version in range(3):
+            optimizer.zero_grad()
+            sum(parameter.square().sum() for parameter in learner.agent.parameters()).backward()
+            optimizer.step()
+            sink.publish(learner.agent, version)
+            message = sink.latest()
+            assert any(isinstance(part, ray.ObjectRef) for part in message.parts)  # MinAtar's are put
+            source.receive(message)
+            assert not any(isinstance(part, ray.ObjectRef) for part in source._latest.parts)
+        assert len(message.parts) == 3  # a full copy and two deltas
+        actor_agent = build_learner(config, None)[0].agent
+        assert source.load_into(actor_agent) == (2, 3)
+        for key, value in learner.agent.state_dict().items():
+            assert torch.equal(actor_agent.state_dict()[key], value)
     finally:
         ray.shutdown()
 

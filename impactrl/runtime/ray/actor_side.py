@@ -61,9 +61,19 @@ class ObjectStoreWeightSource:
         self._held_publication = 0
 
     def receive(self, message: WeightsMessage) -> None:
+        """Keep ``message`` if it is the newest, the parts not held yet fetched now, on the take's
+        thread: beside the actor loop rather than at its unroll boundary, and no ObjectRef outlives
+        the take (one kept makes this process a borrower, which costs RPCs with the learner for
+        every publication; benchmarks/README.md, "Weights put only when a take carries them")."""
+        with self._arrived:
+            latest = self._latest
+            if latest is not None and message.publication <= latest.publication:
+                return
+            fetched = latest.parts if latest is not None and latest.base == message.base else []
+        parts = fetched + received(message.parts[len(fetched):])
         with self._arrived:
             if self._latest is None or message.publication > self._latest.publication:
-                self._latest = message
+                self._latest = message._replace(parts=parts)
                 self._arrived.notify_all()
 
     def publication(self) -> int:
@@ -80,10 +90,10 @@ class ObjectStoreWeightSource:
             self._arrived.wait_for(lambda: self._latest is not None)
             message = self._latest
         if self._held is None or self._held_publication < message.base:
-            full, *deltas = received(message.parts)
+            full, *deltas = message.parts
             state = {key: torch.from_numpy(np.array(value)) for key, value in full.items()}
         else:
-            state, deltas = self._held, received(message.parts[self._held_publication - message.base + 1:])
+            state, deltas = self._held, message.parts[self._held_publication - message.base + 1:]
         for delta in deltas:
             state = apply_delta(state, delta, self.bound)
         self._held, self._held_publication = state, message.publication
