@@ -13,9 +13,10 @@ Data flow (the only channels there are)::
              ``limit``), each with its UnrollRecord, inside the call's answer up to 16 MiB
              (cluster.REPLY_INLINE_BYTES; larger ones through the object store, owned by the
              learner); the learner copies each once, into the batch being filled
-    learner -> actors: the weights, once per publication (at most every ``publish_interval``
-             updates; PPO's every one), ride on take calls: an actor loads the newest one it
-             has at its next unroll boundary. PPO's actors, whose takes are all out while
+    learner -> actors: the weights, at most once per publication (at most every
+             ``publish_interval`` updates; PPO's every one) and only when a take carries
+             them, ride on take calls: the take fetches them, and an actor loads the newest
+             one it has at its next unroll boundary. PPO's actors, whose takes are all out while
              they wait for a publication, pull it from a WeightsBoard the learner posts to
              once. Inline when small, else ray.put once and passed by reference (a node
              fetches it once); optionally as deltas (``weight_delta``). A publication costs

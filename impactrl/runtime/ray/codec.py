@@ -16,7 +16,7 @@ from impactrl.config import TrainConfig
 class WeightsMessage(NamedTuple):
     """The newest weights as actors receive them: a full copy (publication ``base``), then the
     deltas up to ``publication``, each the payload itself when small (it travels inside the call)
-    or its ObjectRef (put once; an actor fetches it at an unroll boundary, and only what it lacks)."""
+    or its ObjectRef (put once; an actor fetches it when a take brings it, and only what it lacks)."""
 
     version: int
     publication: int
