@@ -76,9 +76,11 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int, directory: Path | None = None) -> Path:
+def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int, directory: Path | None = None,
+                    milestone: str | None = None) -> Path:
     """Write ``state`` as ``checkpoints/NAME.pt`` (or ``directory/NAME.pt``, inside an existing
-    folder of the run) with its checksum, point ``latest.pt`` at it, keep the newest ``keep``.
+    folder of the run) with its checksum, point ``latest.pt`` at it, keep the newest ``keep``;
+    with ``milestone``, also as ``MILESTONE.pt`` (a hard link the rotation never removes).
     RunDirFailed (one line, no partial file left) when it cannot."""
     directory = directory or checkpoint_dir(run_dir)
     buffer = io.BytesIO()
@@ -87,11 +89,18 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], name: str, keep: int, 
     path = directory / f"{name}.pt"
     try:
         _save(directory, path, data, keep)
-    except OSError as error:
+        if milestone is not None:
+            for suffix in (".pt", ".pt.sha256"):
+                kept = directory / f"{milestone}{suffix}"
+                kept.unlink(missing_ok=True)
+                os.link(directory / f"{name}{suffix}", kept)
+    except BaseException as error:  # also an interruption: no partial file is left
         for partial in directory.glob(".*.partial") if directory.is_dir() else ():
             with contextlib.suppress(OSError):
                 partial.unlink(missing_ok=True)
-        raise write_failed(run_dir, path, error) from error
+        if isinstance(error, OSError):
+            raise write_failed(run_dir, path, error) from error
+        raise
     return path
 
 

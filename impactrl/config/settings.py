@@ -35,8 +35,9 @@ class RunSettings:
     """Also stop after this many seconds of training in this invocation (None = no limit)."""
     stop_at_return: float | None = bounded(None, FINITE)
     """Also stop once the mean training return of the last 100 episodes reaches this (one task only)."""
-    seed: int = 1
-    """Seed for the learner's initialisation and, offset per actor and env, for the environments."""
+    seed: int = bounded(1, within(0, 2**32 - 1))
+    """Seed for the learner's initialisation and, offset per actor and env, for the environments; 0 to
+    2**32 - 1, the seeds numpy, torch and EnvPool all take."""
     out: Path | None = None
     """Run directory for metrics.jsonl, tb/, config.yaml and checkpoints/ (default: runs/ENV-ALGO-seedS)."""
 
@@ -279,6 +280,9 @@ class LoggingSettings:
     """Seconds between checkpoints (what a hard kill of the learner can lose); one is always written at the end."""
     keep_checkpoints: int = bounded(3, at_least(1))
     """How many checkpoints to keep on disk (a corrupt newest one falls back to the one before)."""
+    milestone_env_steps: int | None = bounded(None, at_least(1))
+    """Also keep, outside that rotation, the first checkpoint at or past each multiple of this many
+    env steps, as checkpoints/steps_N.pt (to evaluate the agent along the way); None = none."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, BatchAssembler, keep_unrolls, restack_frames, to_device
 from impactrl.diagnostics import LiveDiagnostics
 from impactrl.envs.tasks import reward_threshold, task_ids, task_labels
-from impactrl.errors import TrainingDiverged
+from impactrl.errors import RunDirFailed, TrainingDiverged
 from impactrl.metrics import IntervalStats, MetricsWriter
 from impactrl.models import DEAD_UNIT_SAMPLE, Agent
 from impactrl.runtime.distributed import LearnerGroup
@@ -385,15 +385,23 @@ class Checkpointer:
         rank = learner.group.rank
         self.directory = None if rank == 0 else learner_part_dir(run_dir, rank)
         self.last = time.monotonic()
+        every = learner.config.milestone_env_steps
+        self.next_milestone = math.inf if every is None else (learner.counters.env_steps // every + 1) * every
 
     def due(self) -> bool:
-        return time.monotonic() - self.last >= self.learner.config.checkpoint_interval_s
+        return (time.monotonic() - self.last >= self.learner.config.checkpoint_interval_s
+                or self.learner.counters.env_steps >= self.next_milestone)
 
     def save(self) -> None:
         counters, config = self.learner.counters, self.learner.config
         counters.wall_time_s = time.monotonic() - self.start
+        milestone = None
+        if counters.env_steps >= self.next_milestone:
+            milestone = f"steps_{self.next_milestone:012d}"
+            every = config.milestone_env_steps
+            self.next_milestone = (counters.env_steps // every + 1) * every
         save_checkpoint(self.run_dir, self.learner.state_dict(), checkpoint_name(counters.updates),
-                        config.keep_checkpoints, self.directory)
+                        config.keep_checkpoints, self.directory, milestone)
         self.last = time.monotonic()
 
 
@@ -558,8 +566,11 @@ class LearnerLoop:
                 pass
             if self.peer_failed:
                 raise self.failure or self.learner.group.failure(None)
-        except BaseException:
-            # Interrupted (Ctrl-C, a failed actor, a lost learner): keep what was learned so --resume can continue.
+        except BaseException as error:
+            # Interrupted (Ctrl-C, a failed actor, a lost learner): a last metrics line counts what
+            # went wrong (restarts, env errors), and a checkpoint keeps what was learned for --resume.
+            if not isinstance(error, RunDirFailed):
+                self.telemetry.write()
             self.checkpointer.save()
             raise
         if self.learner.group.rank == 0 and self.stop.return_reached():
