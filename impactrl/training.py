@@ -6,7 +6,9 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -21,6 +23,35 @@ from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
 from impactrl.runtime.learner import Learner, LearnerCounters
 from impactrl.runtime.synthetic import Synthetic
+
+
+@contextlib.contextmanager
+def process_settings_kept():
+    """What a run changes for its whole process, put back when it returns or raises: torch's
+    intra-op threads, the environment variables, and the handlers of the signals that stop a run.
+
+    SIGTERM (a scheduler's stop) and SIGHUP (a closed terminal) stop the run like Ctrl-C: a
+    checkpoint first, then exit. Background jobs of a non-interactive shell ignore SIGINT, so
+    SIGTERM is how such runs are stopped; a SIGHUP already ignored (``nohup``) stays ignored and
+    the run goes on. Only the main thread may set handlers (the Python API may be called from another)."""
+    threads, environment, handlers = torch.get_num_threads(), dict(os.environ), {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN:
+                handlers[signum] = signal.signal(signum, raise_interrupt)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for key in set(os.environ) - set(environment):
+            del os.environ[key]
+        os.environ.update(environment)
+
+
+def raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def build_learner(config: TrainConfig, checkpoint: dict | None) -> tuple[Learner, RolloutSpec]:

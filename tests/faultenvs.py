@@ -13,19 +13,23 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 class FaultyCartPole(CartPoleEnv):
     def __init__(self, raise_every: int = 0, nan_every: int = 0, exit_every: int = 0, hang_once: bool = False,
-                 broken_reset: bool = False, **kwargs):
+                 broken_reset: bool = False, raise_in_episode_at: int = 0, **kwargs):
         super().__init__(**kwargs)
         self.raise_every, self.nan_every, self.exit_every = raise_every, nan_every, exit_every
-        self.hang_once, self.broken_reset = hang_once, broken_reset
-        self.steps = 0
+        self.hang_once, self.broken_reset, self.raise_in_episode_at = hang_once, broken_reset, raise_in_episode_at
+        self.steps = self.episode_steps = 0
 
     def reset(self, **kwargs):
         if self.broken_reset:
             raise RuntimeError("this env cannot be reset")
+        self.episode_steps = 0
         return super().reset(**kwargs)
 
     def step(self, action):
         self.steps += 1
+        self.episode_steps += 1
+        if self.episode_steps == self.raise_in_episode_at:
+            raise ValueError(f"simulated env failure at step {self.episode_steps} of the episode")
         if self.raise_every and self.steps % self.raise_every == 0:
             raise RuntimeError(f"simulated env failure at step {self.steps}")
         if self.exit_every and self.steps % self.exit_every == 0:
@@ -50,6 +54,7 @@ def _first_to_claim(name: str) -> bool:
 for name, kwargs in {
     "RaisingCartPole-v0": {"raise_every": 700},
     "BrokenResetCartPole-v0": {"broken_reset": True},
+    "StepTenRaisesCartPole-v0": {"raise_in_episode_at": 10},
     "SometimesNaNCartPole-v0": {"nan_every": 3000},
     "NaNCartPole-v0": {"nan_every": 1},
     "CrashingCartPole-v0": {"exit_every": 400},

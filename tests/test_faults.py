@@ -62,6 +62,8 @@ def test_a_killed_actor_is_restarted_and_the_run_finishes(run_dir: Path, algo: s
             process.kill()
     assert process.returncode == 0, stderr[-3000:]
     assert f"died with exit code -{kill_signal.value}" in stderr and "restarting it" in stderr
+    if kill_signal == signal.SIGKILL:  # what an OOM kill looks like: the line says whether it was one
+        assert "OOM killer" in stderr and "MiB resident when last seen" in stderr
     last = read_metrics(run_dir)[-1]
     assert last["env_steps"] >= 80000 and last["actor_restarts"] >= 1
     assert sum(actor.get("restarts", 0) for actor in last["actor"].values()) == last["actor_restarts"]
@@ -80,6 +82,17 @@ def test_an_env_that_cannot_reset_stops_the_run_with_a_clear_message(run_dir: Pa
     result = run_faulty(run_dir, "BrokenResetCartPole-v0", "--total-env-steps", "30000")
     assert result.returncode == 1
     assert "raised on reset 3 times in a row" in result.stderr and "this env cannot be reset" in result.stderr
+
+
+def test_an_env_that_fails_in_every_unroll_stops_the_run_with_its_error(run_dir: Path):
+    """Each rebuild resets fine and no unroll completes: the run must still stop, with the env's own error."""
+    result = run_faulty(run_dir, "StepTenRaisesCartPole-v0", "--total-env-steps", "20000", timeout=180)
+    assert result.returncode == 1
+    for text in ("ValueError: simulated env failure at step 10 of the episode", "faultenvs:StepTenRaisesCartPole-v0",
+                 "faultenvs.py", "--max-actor-restarts"):
+        assert text in result.stderr and text in (run_dir / "train.log").read_text(), text
+    last = read_metrics(run_dir)[-1]
+    assert last["env_errors"] > 0 and last["actor_restarts"] > 0
 
 
 def test_an_actor_that_keeps_dying_exhausts_its_restart_budget(run_dir: Path):

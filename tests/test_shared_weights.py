@@ -4,6 +4,7 @@ killed anywhere blocks the others."""
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -38,10 +39,19 @@ def publish_forever(weights: SharedWeights, started) -> None:
 
 def hold_the_lock(weights: SharedWeights, holding) -> None:
     """An actor killed inside one of its few-microsecond sections, made to last."""
-    weights._lock.acquire()
-    weights._holder.value = os.getpid()
+    assert weights._lock.acquire(timeout=60)
     holding.value = 1
     time.sleep(3600)
+
+
+def hold_the_lock_until_told(weights: SharedWeights, holding) -> None:
+    """An actor stopped inside a section (preempted, SIGSTOPped): it must find its lock still its own."""
+    assert weights._lock.acquire(timeout=60)
+    holding.value = 1
+    while holding.value == 1:
+        time.sleep(0.01)
+    weights._lock.release()  # raises if another process had released it
+    holding.value = 3
 
 
 def values_of(agent: torch.nn.Module) -> list[float]:
@@ -125,3 +135,27 @@ def test_a_reader_killed_inside_the_lock_blocks_the_learner_only_briefly():
     assert time.monotonic() - began < 1.0
     reader = make_agent()
     assert weights.load_into(reader)[0] == 3 and values_of(reader) == [3.0]
+
+
+def test_a_live_holder_keeps_the_lock_however_long_it_holds_it():
+    ctx = mp.get_context("spawn")
+    agent = make_agent()
+    weights = SharedWeights(agent, ctx)
+    holding = ctx.Value("b", 0, lock=False)
+    holder = ctx.Process(target=hold_the_lock_until_told, args=(weights, holding), daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not holding.value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        published = threading.Event()
+        publisher = threading.Thread(target=lambda: (weights.publish(agent, 1), published.set()), daemon=True)
+        publisher.start()
+        assert not published.wait(1.0)  # the learner waits for the holder: it releases nothing of another's
+        holding.value = 2
+        assert published.wait(60)
+        holder.join(60)
+        assert holder.exitcode == 0 and holding.value == 3
+    finally:
+        if holder.is_alive():
+            holder.kill()

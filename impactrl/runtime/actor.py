@@ -18,13 +18,17 @@ and the loop is::
 
 An env that raises in ``step`` or ``reset`` is rebuilt (fresh seeds, episodes restarted, reward
 normalisers carried over); the unroll it broke is dropped and its slot reused, and the fault
-travels with the next unroll as ``env_errors``. Envs that cannot be reset ``ENV_RESET_ATTEMPTS``
+travels with the next unroll as ``env_errors``. Envs that break ``ENV_FAILED_UNROLLS`` unrolls in
+a row raise :class:`EnvKeepsFailing` with the env's own error: the actor process ends and the
+runtime restarts it against the restart budget, so an env that fails in every unroll stops the
+run with its cause instead of looping unseen. Envs that cannot be reset ``ENV_RESET_ATTEMPTS``
 times in a row raise :class:`~impactrl.errors.EnvBroken`, which stops the run.
 """
 
 from __future__ import annotations
 
 import time
+import traceback
 from typing import Callable, Protocol
 
 import numpy as np
@@ -40,6 +44,8 @@ from impactrl.models import Agent
 
 # Rebuilds in a row whose first reset raises before the actor gives up on its envs.
 ENV_RESET_ATTEMPTS = 3
+# Unrolls in a row broken by an env fault before the actor process gives up (and is restarted).
+ENV_FAILED_UNROLLS = 3
 
 
 class WeightSource(Protocol):
@@ -66,6 +72,22 @@ class RolloutSink(Protocol):
 
 class EnvFailed(Exception):
     """An env raised in ``step`` or ``reset``; the actor rebuilds its envs."""
+
+
+class EnvKeepsFailing(RuntimeError):
+    """The envs broke ``ENV_FAILED_UNROLLS`` unrolls in a row; ``env_errors`` counts the faults
+    no committed unroll reported."""
+
+    def __init__(self, message: str, env_errors: int):
+        super().__init__(message)
+        self.env_errors = env_errors
+
+
+def describe_env_error(env_id: str, error: BaseException) -> str:
+    """``ENV raised TYPE: MESSAGE in FUNCTION (FILE:LINE)``, the innermost frame being where the env raised."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" in {frames[-1].name} ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{env_id} raised {type(error).__name__}: {error}{where}"
 
 
 def env_seed(config: TrainConfig, actor_id: int, env_index: int, generation: int, rebuild: int = 0) -> int:
@@ -183,7 +205,7 @@ class Actor:
         try:
             step = self.envs.step(action)
         except Exception as error:  # noqa: BLE001 - any env fault: the actor rebuilds its envs
-            raise EnvFailed(f"{type(error).__name__}: {error}") from error
+            raise EnvFailed(describe_env_error(self.config.env, error)) from error
         arrays["reward"][t] = step.reward
         arrays["terminated"][t] = step.terminated
         arrays["truncated"][t] = step.truncated
@@ -216,6 +238,7 @@ def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: R
     try:
         version, publication = weights.load_into(actor.agent)
         slot = None  # kept when an env fault drops an unroll, so the next one reuses it
+        failed_in_a_row = 0
         while not should_stop():
             began = time.perf_counter()
             # Synchronous (PPO): the next unroll must come from the weights trained on the last.
@@ -235,12 +258,16 @@ def run_actor(config: TrainConfig, actor_id: int, weights: WeightSource, sink: R
                 version, publication = weights.load_into(actor.agent)
             try:
                 actor.unroll(sink.arrays(slot))
-            except EnvFailed:
+            except EnvFailed as error:
+                failed_in_a_row += 1
+                if failed_in_a_row >= ENV_FAILED_UNROLLS:
+                    raise EnvKeepsFailing(f"actor {actor_id}: the envs broke {failed_in_a_row} unrolls in a row; "
+                                          f"last: {error}", actor.env_errors + 1) from error
                 actor.rebuild_envs()
                 sink.heartbeat()
                 continue
             sink.commit(slot, actor.record(version))
-            slot, committed_with = None, publication  # the publication this unroll was acted with
+            slot, committed_with, failed_in_a_row = None, publication, 0  # the publication this unroll was acted with
             sink.heartbeat()
     finally:
         actor.close()

@@ -47,6 +47,15 @@ RunOne = Callable[..., LearnerCounters]  # a runtime's run_one_learner(config, l
 EXIT_WAIT_S = 30.0
 
 
+
+def process_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, a debugger): the one kind of hung peer the kernel names."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"
+
 class PeerWriter:
     """A learner other than 0's stand-in for the run's MetricsWriter: its lines go to ``say``
     (which brings them to learner 0's terminal); its metrics and diagnostics are learner 0's to write."""
@@ -117,7 +126,10 @@ class LocalLearners:
                 return LearnerFailed(self.describe(failed[0]))
             if time.monotonic() > deadline or len(ended) == len(self.processes):
                 reason = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else "no reply"
-                return LearnerFailed(f"the learners lost contact ({reason}); the run stopped with learner 0's checkpoint")
+                silent = ", ".join(f"learner {rank} (pid {process.pid}{', stopped' if process_stopped(process.pid) else ''})"
+                                   for rank, process in self.processes.items() if process.is_alive())
+                return LearnerFailed(f"the learners lost contact ({reason}{'; alive but silent: ' + silent if silent else ''}); "
+                                     "the run stopped with learner 0's checkpoint")
             time.sleep(0.05)
 
     def describe(self, rank: int) -> str:

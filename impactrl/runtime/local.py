@@ -46,7 +46,9 @@ from impactrl.models import Agent
 from impactrl.runtime.actor import run_actor
 from impactrl.runtime.distributed import learner_actor_ids
 from impactrl.runtime.learner import Learner, LearnerCounters
-from impactrl.runtime.supervision import ActorHandle, Supervision, learner_threads, supervise
+from impactrl.runtime.robust_lock import RobustLock
+from impactrl.runtime.supervision import (ActorHandle, Supervision, learner_threads, oom_kills, resident_mib,
+                                         sigkill_cause, supervise)
 from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
 
 
@@ -55,6 +57,8 @@ STARTUP_GRACE_S = 60.0
 # actors at once and the learner at its next check (within about a second): an actor ended by
 # SIGTERM is restarted only if the learner is still running this long after.
 TERMINATED_GRACE_S = 5.0
+# How often the supervisor notes each actor's memory, for the line of one the OOM killer ends.
+MEMORY_SAMPLE_S = 1.0
 
 
 class Stopping(Exception):
@@ -65,11 +69,6 @@ class WeightsUnreadable(RuntimeError):
     """An actor lost the race against the learner's publications for ``give_up_s`` in a row."""
 
 
-# Nobody holds SharedWeights' lock for more than a few integer reads and writes: held this long
-# by a process that is gone (or by none recorded yet, twice as long), the learner takes it back;
-# held LOCK_ABANDONED_S by a live one (stopped, say), too.
-LOCK_STUCK_S = 0.25
-LOCK_ABANDONED_S = 30.0
 READ_GIVE_UP_S = 60.0
 
 
@@ -79,9 +78,9 @@ class SharedWeights:
 
     Publication n is copied into buffer n % 2. Three counters say what is where: ``writing`` (the
     publication being copied, or last copied), ``published`` (the newest whole one) and each
-    buffer's version. They are read and written only under ``_lock``, a multiprocessing lock (a
-    POSIX semaphore), held for those few integer operations and never across a copy; the copies
-    themselves are plain::
+    buffer's version. They are read and written only under ``_lock``, a robust process-shared
+    mutex (runtime/robust_lock.py), held for those few integer operations and never across a
+    copy; the copies themselves are plain::
 
         publish n:  [lock: writing = n]   copy into buffer n % 2   [lock: version, published = n]
         load:       [lock: p = published, its version]   copy buffer p % 2   [lock: w = writing]
@@ -89,7 +88,7 @@ class SharedWeights:
                     buffer, has not begun), else it is retried
 
     Why this holds on any CPU, x86's strong store order or ARM's weak one: taking and giving the
-    lock order memory as a mutex's acquire and release do (POSIX semaphores synchronise memory),
+    lock order memory as a mutex's acquire and release do,
     and the lock's sections happen one after another. The reader's first section comes after
     the one that set published = p, so every store of publication p's copy is visible to its
     copy, which cannot begin before that section. If its copy saw any store of publication p + 2,
@@ -101,9 +100,10 @@ class SharedWeights:
     - a learner killed mid-copy: ``published`` still names the last whole publication, in the
       other buffer, which readers keep loading; one killed inside a section: readers waiting for
       the lock keep sending heartbeats and stop once the learner is gone (``attach``);
-    - an actor killed inside a section (a few microseconds of its life): the learner, finding the
-      lock held past LOCK_STUCK_S while its holder is gone (or past LOCK_ABANDONED_S), releases it.
-      (A live holder that was wrongly let go finds the lock released twice and fails; it is restarted.)
+    - an actor killed inside a section (a few microseconds of its life): the next process to
+      take the lock gets it from the kernel (a robust mutex), so the learner waits no longer than
+      the kill. A live holder is never let go: one stopped inside a section holds the publisher
+      until the supervisor, missing its heartbeats, kills it.
 
     A reader loses a race only when two publications begin during its copy; it retries, sending
     heartbeats, and raises WeightsUnreadable after ``give_up_s`` of losing in a row.
@@ -113,8 +113,7 @@ class SharedWeights:
         state = agent.state_dict()
         self.buffers = [{key: value.detach().cpu().clone().share_memory_() for key, value in state.items()}
                         for _ in range(2)]
-        self._lock = ctx.Lock()
-        self._holder = ctx.Value("q", 0, lock=False)  # the pid inside a section, 0 if none
+        self._lock = RobustLock(ctx)
         self._writing = ctx.Value("q", 0, lock=False)
         self._published = ctx.Value("q", 0, lock=False)
         self._versions = ctx.Array("q", [-1, -1], lock=False)
@@ -135,32 +134,24 @@ class SharedWeights:
         self._heartbeat, self._should_stop = heartbeat, should_stop
 
     @contextlib.contextmanager
-    def _section(self, publisher: bool) -> Iterator[None]:
-        began = time.monotonic()
+    def _section(self) -> Iterator[None]:
         while not self._lock.acquire(timeout=0.05):
             self._heartbeat()
             if self._should_stop():
                 raise Stopping
-            held, holder = time.monotonic() - began, self._holder.value
-            gone = process_gone(holder) if holder else held > 2 * LOCK_STUCK_S
-            if publisher and (held > LOCK_ABANDONED_S or (held > LOCK_STUCK_S and gone)):
-                with contextlib.suppress(ValueError):  # its holder let go meanwhile
-                    self._lock.release()
-        self._holder.value = os.getpid()
         try:
             yield
         finally:
-            self._holder.value = 0
             self._lock.release()
 
     def publish(self, agent: Agent, version: int) -> None:
-        with self._section(publisher=True):
+        with self._section():
             publication = self._published.value + 1
             self._writing.value = publication
         buffer = self.buffers[publication % 2]
         for key, value in agent.state_dict().items():
             buffer[key].copy_(value)
-        with self._section(publisher=True):
+        with self._section():
             self._versions[publication % 2] = version
             self._published.value = publication
 
@@ -170,21 +161,21 @@ class SharedWeights:
 
     def version(self) -> int:
         """The newest published version (a synthetic actor tags its unrolls with it, loading nothing)."""
-        with self._section(publisher=False):
+        with self._section():
             return self._versions[self._published.value % 2] if self._published.value else -1
 
     def load_into(self, agent: Agent) -> tuple[int, int]:
         """The newest whole weights into ``agent`` (waiting for the first publish); (version, publication)."""
         losing_since = None
         while True:
-            with self._section(publisher=False):
+            with self._section():
                 publication = self._published.value
                 version = self._versions[publication % 2]
             if not publication:
                 self._idle()
                 continue
             agent.load_state_dict(self.buffers[publication % 2])
-            with self._section(publisher=False):
+            with self._section():
                 whole = self._writing.value < publication + 2
             if whole:
                 return version, publication
@@ -201,23 +192,6 @@ class SharedWeights:
         if self._should_stop():
             raise Stopping
         time.sleep(0.001)
-
-
-def process_gone(pid: int) -> bool:
-    """Whether ``pid`` no longer runs (exited, a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] in "ZXx"
-    except FileNotFoundError:
-        return True
-    except OSError:  # no /proc: ask the kernel (a zombie still counts as running there)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        return False
 
 
 class ActorEndpoint:
@@ -298,7 +272,7 @@ def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: 
         return
     except BaseException as error:
         try:
-            commits.send(("error", isinstance(error, EnvBroken), traceback.format_exc()))
+            commits.send(("error", isinstance(error, EnvBroken), traceback.format_exc(), getattr(error, "env_errors", 0)))
         except OSError:
             pass
         raise SystemExit(1) from error
@@ -330,6 +304,7 @@ class LocalActorHandle(ActorHandle):
     commits: Connection | None = None
     returns: Connection | None = None
     fatal: bool = False  # its last failure cannot be fixed by a restart (EnvBroken)
+    rss_mib: float | None = None  # its process's resident memory, sampled by check_health
 
 
 class LocalActors:
@@ -356,6 +331,8 @@ class LocalActors:
         self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
         self.supervision = Supervision(config, learner.counters, report)
         self._terminated_at: dict[int, float] = {}  # a group's lead actor -> when it was first seen ended by SIGTERM
+        self._oom_kills = oom_kills()  # to tell an OOM kill from another SIGKILL
+        self._sampled_memory_at = 0.0
         self._next_turn = 0  # the position in ``actors`` of the actor read first next (_receive)
 
     # --- processes ----------------------------------------------------------------------------
@@ -425,6 +402,8 @@ class LocalActors:
         """Restart actor processes that died or hung; ActorFailed when one cannot go on."""
         now = time.monotonic()
         timeout = self.config.actor_stall_timeout_s
+        sample_memory = now - self._sampled_memory_at >= MEMORY_SAMPLE_S
+        self._sampled_memory_at = now if sample_memory else self._sampled_memory_at
         for group in self.groups:
             process = group[0].process
             if not process.is_alive():
@@ -434,8 +413,13 @@ class LocalActors:
                 self._terminated_at.pop(group[0].actor_id, None)
                 for actor in group:
                     self._drain(actor)  # what it sent before dying: committed slots, its traceback
-                self._restart(group, f"died with exit code {process.exitcode}")
-            elif any(now - self.heartbeats[actor.actor_id].item() > timeout for actor in group):
+                cause = sigkill_cause(self._oom_kills, group[0].rss_mib) if process.exitcode == -signal.SIGKILL else ""
+                self._oom_kills = oom_kills()
+                self._restart(group, f"died with exit code {process.exitcode}{cause}")
+                continue
+            if sample_memory:
+                group[0].rss_mib = resident_mib(process.pid) or group[0].rss_mib
+            if any(now - self.heartbeats[actor.actor_id].item() > timeout for actor in group):
                 process.kill()
                 process.join(timeout=5.0)
                 for actor in group:
@@ -449,10 +433,10 @@ class LocalActors:
         if any(actor.fatal for actor in group):
             raise ActorFailed(f"actor {actor.actor_id} {reason}:{trace}")
         last_line = actor.last_error.strip().splitlines()[-1] if actor.last_error else ""
-        self.supervision.restarted(actor, reason, "restarting it", last_line, f"; its last failure:{trace}")
+        self.supervision.restarted(actor, reason, "restarting it", last_line, f"; its last failure:{trace}" if trace else "")
         for member in group:
             self._close_pipes(member)
-            member.last_error = None
+            member.last_error, member.rss_mib = None, None
         self.start(group)
 
     # --- BatchSource --------------------------------------------------------------------------
@@ -467,7 +451,8 @@ class LocalActors:
                 message = connection.recv()
                 read += 1
                 if isinstance(message, tuple):
-                    _, actor.fatal, actor.last_error = message
+                    _, actor.fatal, actor.last_error, env_errors = message
+                    self.supervision.env_errors(env_errors)
                 else:
                     self.assembler.add(*self.store.unroll(message))
                     self._free(message)

@@ -5,7 +5,7 @@
 - ``Supervision``: restarts counted against the budget (``max_actor_restarts`` per
   ``actor_restart_window_s``) and reported in one line; the learner's waits for a batch, reported
   once they pass ``actor_stall_timeout_s``.
-- ``StopRequests``: Ctrl-C and SIGTERM as a flag the learner loop reads between steps.
+- ``StopRequests``: Ctrl-C, SIGTERM and SIGHUP as a flag the learner loop reads between steps.
 - ``supervise``: start the actors, run the learner loop, stop them, however it ends.
 - ``learner_threads``: the learner's intra-op threads beside the actors.
 
@@ -14,6 +14,7 @@ No runtime imports another; each imports this.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -47,6 +48,52 @@ def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int,
     counters.actor_restarts += 1
     counters.actor_restarts_by_id[str(actor_id)] = counters.actor_restarts_by_id.get(str(actor_id), 0) + 1
     return len(recent)
+
+
+def resident_mib(pid: int) -> float | None:
+    """The resident memory of ``pid`` in MiB, None where /proc cannot say."""
+    try:
+        pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup
+    (v2's memory.events, v1's memory.oom_control; a container may show its root as /), None where
+    neither is readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidates += [f"/sys/fs/cgroup{path}/memory.events", "/sys/fs/cgroup/memory.events"]
+        elif "memory" in controllers.split(","):
+            candidates += [f"/sys/fs/cgroup/memory{path}/memory.oom_control", "/sys/fs/cgroup/memory/memory.oom_control"]
+    for candidate in candidates:
+        try:
+            for entry in Path(candidate).read_text().splitlines():
+                if entry.startswith("oom_kill "):
+                    return int(entry.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def sigkill_cause(oom_kills_before: int | None, rss_mib: float | None) -> str:
+    """Why an actor was likely SIGKILLed, for its death line: the OOM killer's count, when the
+    cgroup keeps one, and the memory the actor last had."""
+    had = f"; it had {rss_mib:,.0f} MiB resident when last seen" if rss_mib is not None else ""
+    now = oom_kills()
+    if now is not None and oom_kills_before is not None:
+        if now > oom_kills_before:
+            return f" (the kernel's OOM killer: this cgroup's oom_kill count rose from {oom_kills_before} to {now}{had})"
+        return f" (not the OOM killer, whose count in this cgroup did not rise{had})"
+    return f" (SIGKILL: if nothing else sent it, likely the kernel's OOM killer; `dmesg` says{had})"
 
 
 @dataclass
@@ -88,6 +135,10 @@ class Supervision:
                     f"weights ({restarts} of {config.max_actor_restarts} restarts allowed in "
                     f"{config.actor_restart_window_s:g} s)")
 
+    def env_errors(self, count: int) -> None:
+        """Env faults an actor had when it failed, which no committed unroll reported."""
+        self.counters.env_errors += count
+
     def waited(self, seconds: float, filling: int, state: Callable[[], str]) -> None:
         """``next_batch`` returned nothing after ``seconds``; past the stall timeout (once per wait),
         a line that says so, with the unrolls ready and the actors' ``state``."""
@@ -103,23 +154,26 @@ class Supervision:
 
 
 class StopRequests:
-    """Ctrl-C and SIGTERM while the runtime runs, as a flag the learner loop reads between steps.
+    """Ctrl-C, SIGTERM and SIGHUP (unless ignored, as under ``nohup``) while the runtime runs, as
+    a flag the learner loop reads between steps.
 
     Python's default raises KeyboardInterrupt wherever the main thread is, which can be inside
     a multiprocessing queue's own bookkeeping: the process then hung at exit joining the
-    queue's feeder thread (2 of 13 stops here, one in CI). A second signal raises at once, for
-    a user who will not wait for the current step to end.
+    queue's feeder thread. A second signal raises at once, for a user who will not wait for the
+    current step to end; once the run is stopping (its final checkpoint, the actors' stop),
+    further signals are only noted, so that nothing is cut short half written.
     """
 
     def __init__(self) -> None:
         self.requested = False
-        self.deferred = False  # True while actors spawn: a raise there would cut a spawn short
+        self.deferred = False  # True while actors spawn and once stopping: a raise there would cut work short
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: keep training
+                    self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -128,6 +182,7 @@ class StopRequests:
 
     def _handle(self, signum, frame) -> None:
         if self.requested and not self.deferred:
+            self.deferred = True  # raised once: the checkpoint and cleanup that follow are not cut short
             raise KeyboardInterrupt
         self.requested = True
 
@@ -157,6 +212,7 @@ def supervise(learner: Learner, actors: Actors, weights: WeightSink, run_dir: Pa
     with StopRequests() as stops:
         def check_health() -> None:
             if stops.requested:
+                stops.deferred = True  # a second signal must not cut the final checkpoint short
                 raise KeyboardInterrupt  # here, between learner steps, not inside a pipe operation
             source.check_health()
 
@@ -166,6 +222,7 @@ def supervise(learner: Learner, actors: Actors, weights: WeightSink, run_dir: Pa
             stops.deferred = False
             return run_learner(learner, source, weights, run_dir, writer, check_health)
         finally:
+            stops.deferred = True
             source.stop()
             actors.stop_all()
 

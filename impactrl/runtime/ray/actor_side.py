@@ -44,9 +44,9 @@ class TakeReply(NamedTuple):
 class ActorLoopFailed(Exception):
     """The actor loop raised; ``fatal`` when restarting cannot help (EnvBroken)."""
 
-    def __init__(self, fatal: bool, trace: str):
+    def __init__(self, fatal: bool, trace: str, env_errors: int = 0):
         super().__init__(trace)
-        self.fatal, self.trace = fatal, trace
+        self.fatal, self.trace, self.env_errors = fatal, trace, env_errors
 
 
 
@@ -189,7 +189,8 @@ class RayActor:
                 replay(recorded, reward_stats, list(self.outboxes.values()), self.weights.version, lambda: False,
                        lambda timeout: time.sleep(min(timeout, 0.001)))
         except BaseException as error:  # noqa: BLE001 - handed to the learner by take()
-            self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc())
+            self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc(),
+                                           getattr(error, "env_errors", 0))
 
     # Ray records each task's state changes for its dashboard and sends them to the GCS: hundreds
     # of takes a second, in every process they touch (benchmarks/README.md, "Fewer calls").

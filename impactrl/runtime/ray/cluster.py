@@ -184,20 +184,23 @@ def plain_output() -> None:
 INSTANCE_VARIABLE = "IMPACTRL_RAY_INSTANCE"
 REAPER = Path(__file__).with_name("reaper.py")
 _reaper_pipe: int | None = None  # the write end: open exactly as long as this process lives
+_marker: str | None = None  # what the processes of this process's instances inherit
 
 
 def reap_with_this_process() -> None:
     """Before starting a local instance: the processes it starts inherit a marker, and a reaper
     (runtime/ray/reaper.py) kills them once this process is gone, even SIGKILLed. So a run stops
-    exactly the instance it started (``ray stop`` would stop every instance of the machine)."""
-    global _reaper_pipe
-    if _reaper_pipe is not None or not Path("/proc").is_dir():
+    exactly the instance it started (``ray stop`` would stop every instance of the machine). The
+    marker is set again for every instance: a run restores the environment it found when it ends."""
+    global _reaper_pipe, _marker
+    if not Path("/proc").is_dir():
         return
-    marker = uuid.uuid4().hex
-    read, _reaper_pipe = os.pipe()  # not inherited by the processes Ray starts: only this one holds it
-    environment = {key: value for key, value in os.environ.items() if key != INSTANCE_VARIABLE}
-    subprocess.Popen([sys.executable, "-I", str(REAPER), f"{INSTANCE_VARIABLE}={marker}", str(read)],
-                     pass_fds=(read,), env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True)
-    os.close(read)
-    os.environ[INSTANCE_VARIABLE] = marker
+    if _reaper_pipe is None:
+        _marker = uuid.uuid4().hex
+        read, _reaper_pipe = os.pipe()  # not inherited by the processes Ray starts: only this one holds it
+        environment = {key: value for key, value in os.environ.items() if key != INSTANCE_VARIABLE}
+        subprocess.Popen([sys.executable, "-I", str(REAPER), f"{INSTANCE_VARIABLE}={_marker}", str(read)],
+                         pass_fds=(read,), env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        os.close(read)
+    os.environ[INSTANCE_VARIABLE] = _marker

@@ -288,6 +288,7 @@ class RayActors:
         if failure is not None and failure.fatal:
             raise ActorFailed(f"actor {actor.actor_id} failed:\n{trace.rstrip()}")
         if actor.down_since is None:
+            self.supervision.env_errors(failure.env_errors if failure is not None else 0)
             actor.last_error = trace.strip().splitlines()[-1]  # the exception, after its traceback
             self._kill(actor)
 
