@@ -3,7 +3,9 @@
 The same presets (env family, algorithm, algorithm for the family), the same checks before any
 process starts, the same run directory (config.yaml, metrics, checkpoints, the lock). Settings are
 the names ``impactrl train --help`` lists with ``_`` for ``-`` (``learning_rate=1e-3``), checked
-like a ``--config`` file's. Mistakes raise ``UserError`` (a ``ValueError``) with the CLI's one line.
+like a ``--config`` file's. ``env`` has no default (a forgotten one would train the CLI's default,
+CartPole, without a word); a resumed run keeps its own. Mistakes raise ``UserError`` (a
+``ValueError``) with the CLI's one line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 # Imported with the API: the ids registered by then are taken as ones every fresh process registers
 # too (see check_where_actors_run; an id a script registers with its own class is probed anyway).
 import impactrl.envs.factory  # noqa: F401
+from impactrl.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,15 @@ class TrainResult:
 
 def train(env: str | None = None, algo: str | None = None, *, resume: str | Path | None = None,
           checkpoint: str | None = None, quiet: bool = False, **settings) -> TrainResult:
-    """Train like ``impactrl train --env ENV --algo ALGO --setting value ...``; with ``resume`` (a run
-    directory) continue that run, as ``--resume`` (``checkpoint`` as ``--checkpoint``). ``quiet``:
-    nothing on the terminal. Blocks until the run ends; Ctrl-C stops it with a checkpoint
-    (KeyboardInterrupt)."""
+    """Train like ``impactrl train --env ENV --algo ALGO --setting value ...``; ``env`` is required
+    unless ``resume`` (a run directory) continues that run, as ``--resume`` (``checkpoint`` as
+    ``--checkpoint``). ``quiet``: nothing on the terminal. Blocks until the run ends; Ctrl-C stops it
+    with a checkpoint (KeyboardInterrupt)."""
     from impactrl.cli import resolve_train_config, run_train
+
+    if env is None and resume is None:
+        raise UserError('impactrl.train: env is required (a Gymnasium id, e.g. env="CartPole-v1"), '
+                        "unless resume=RUN_DIR continues a run")
 
     argv = [*(["--resume", str(resume)] if resume is not None else []),
             *(["--checkpoint", checkpoint] if checkpoint is not None else []), *(["--quiet"] if quiet else [])]

@@ -9,22 +9,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import importlib.util
 import io
 import os
 import re
 import shutil
 import signal
+import stat
 import sys
-import threading
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import tyro
 import yaml
 
-from impactrl.config import (TrainConfig, coerce, integer_settings, load_yaml, preset_values, problems, renamed_flags,
-                             to_yaml, unread_settings)
+from impactrl.config import (TrainConfig, coerce, envs_split_for_learners, integer_settings, load_yaml, preset_values,
+                             problems, renamed_flags, to_yaml, unread_settings)
 from impactrl.config.renamed import old_flags_help
 from impactrl.errors import ActorFailed, LearnerFailed, RunDirFailed, TrainingDiverged, UserError, run_dir_failed, stopped
 from impactrl.runlock import check_unlocked, hold
@@ -134,7 +135,7 @@ def resolve_train_config(argv: Sequence[str], settings: dict | None = None, sour
     file_values.update(coerce(settings or {}, source, warn_renamed=True))
     if known.resume is not None:
         saved = known.resume / "config.yaml"
-        if not saved.exists():
+        if not os.path.isfile(saved):  # False too for a name too long to exist
             raise UserError(f"--resume {known.resume}: no config.yaml there, so it is not an impactrl run directory")
         values = load_yaml(saved)
         values["out"] = known.resume
@@ -162,6 +163,10 @@ def resolve_train_config(argv: Sequence[str], settings: dict | None = None, sour
     from impactrl.envs.tasks import tasks_family
 
     given = set(file_values) | {flag_name(arg) for arg in rest if arg.startswith("--")}
+    if known.resume is None:
+        config, note = envs_split_for_learners(config, given)
+        if note is not None:
+            print(f"impactrl train: note: {note}", file=sys.stderr)
     for problem in unread_settings(config, given, tasks_family(config.env)):
         print(f"impactrl train: warning: {problem}; ignored", file=sys.stderr)
     return TrainRequest(config, known.resume, known.checkpoint, known.quiet)
@@ -265,6 +270,7 @@ def check_run_dir(config: TrainConfig, resume: Path | None, checkpoint_name: str
     from impactrl.checkpoint import load_checkpoint
 
     run_dir = config.run_dir()
+    check_out(run_dir, directory=True)
     check_unlocked(run_dir)  # a live run's own message, before "already holds files" or its checkpoint
     if resume is None:
         if run_dir.exists() and any(run_dir.iterdir()):
@@ -279,6 +285,31 @@ def check_run_dir(config: TrainConfig, resume: Path | None, checkpoint_name: str
         raise UserError(f"--resume {run_dir}: {'; '.join(changed)}: these settings shape the model and cannot "
                         "change in a resumed run; start a new run with --out instead")
     return checkpoint
+
+
+def check_out(out: Path, directory: bool) -> None:
+    """Refuse an ``--out`` that cannot be made: a name longer than the filesystem allows, a parent
+    that is a file, or an existing path of the other kind (a file for a run directory, a directory
+    for a picture). A missing one passes: whether it can be written is found when it is made."""
+    if name_too_long(out):
+        raise UserError(f"--out {out} is not writable: {os.strerror(errno.ENAMETOOLONG)}")
+    try:
+        is_directory = stat.S_ISDIR(out.stat().st_mode)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise UserError(f"--out {out} is not writable: {error.strerror or error}") from None
+    if directory and not is_directory:
+        raise UserError(f"--out {out} is a file, not a directory: name a new run directory")
+    if is_directory and not directory:
+        raise UserError(f"--out {out} is a directory: name the picture to write (e.g. {out / 'curves.png'})")
+
+
+def name_too_long(path: Path) -> bool:
+    """Whether a name in ``path`` is longer than the filesystem of its nearest existing folder allows
+    (``stat`` says so only where the names before it exist)."""
+    existing = next(folder for folder in path.absolute().parents if os.path.isdir(folder))
+    return any(len(os.fsencode(name)) > os.pathconf(existing, "PC_NAME_MAX") for name in path.parts)
 
 
 # What one actor process costs: its PSS (private memory plus its share of the shared libraries:
@@ -321,8 +352,7 @@ def create_run_dir(run_dir: Path) -> None:
         probe.unlink()
     except OSError as error:
         for made in missing:
-            if made.exists():
-                shutil.rmtree(made, ignore_errors=True)
+            shutil.rmtree(made, ignore_errors=True)
         raise UserError(f"--out {run_dir} is not writable: {error.strerror or error}") from None
 
 
@@ -345,16 +375,10 @@ def run_train(request: TrainRequest, invocation: list[str]):
     (run directory, final counters). ``invocation`` goes to invocations.jsonl."""
     config, resume, checkpoint_name, quiet = request
     checkpoint = validate_train(config, resume, checkpoint_name)
-    # A scheduler's SIGTERM stops the run like Ctrl-C: checkpoint first, then exit. (Background
-    # jobs of a non-interactive shell ignore SIGINT, so SIGTERM is how such runs are stopped.)
-    # Only the main thread may set it (the Python API may be called from another).
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, interrupt) if main_thread else None
-
     from impactrl.provenance import record_invocation
-    from impactrl.training import build_learner, train as run_training
+    from impactrl.training import build_learner, process_settings_kept, train as run_training
 
-    try:
+    with process_settings_kept():
         # Nothing is written before the learner is built and the checkpoint loaded into it: a
         # command that fails leaves the run directory as it found it.
         learner, spec = build_learner(config, checkpoint)
@@ -368,9 +392,6 @@ def run_train(request: TrainRequest, invocation: list[str]):
                 raise UserError(f"--out {run_dir}: cannot write {error.filename or run_dir}: "
                                 f"{error.strerror or error}") from None
             counters = run_training(config, learner, spec, run_dir, quiet)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     return run_dir, counters
 
 
@@ -453,10 +474,6 @@ def synthetic_actors(known: argparse.Namespace):
     return Synthetic(actors_per_process=per_process)
 
 
-def interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def evaluate(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="impactrl eval", description="Play episodes with a trained agent "
                             "(whole games, no episodic life) and print one JSON line.")
@@ -510,6 +527,7 @@ def plot(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if args.smooth is not None and not args.smooth > 0:
         raise UserError(f"--smooth must be a positive span of the x axis, got {args.smooth:g}")
+    check_out(args.out, directory=False)
     from impactrl.plotting import plot_runs
 
     print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run, args.smooth))

@@ -24,7 +24,8 @@ def read_records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise UserError(f"{run_dir} has no metrics.jsonl")
-    return read_metrics(path)
+    # A line that is JSON but no object (null, a list) holds no metrics: left out, as a cut last line is.
+    return [record for record in read_metrics(path) if isinstance(record, dict)]
 
 
 def read_curve(run_dir: Path, x_key: str, y_key: str) -> tuple[list[float], list[float]]:
@@ -112,6 +113,7 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    check_picture_format(out)
     runs = [(Path(run_dir), read_records(run_dir)) for run_dir in run_dirs]
     known = curve_keys([record for _, records in runs for record in records])
     for flag, key in (("--x", x_key), ("--y", y_key)):
@@ -155,6 +157,16 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     finally:
         plt.close(figure)
     return Path(out)
+
+
+def check_picture_format(out: Path) -> None:
+    """UserError unless matplotlib can write the format ``out``'s suffix names (PNG without one)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(out).suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise UserError(f"--out {out}: cannot write a .{suffix} picture (formats: {', '.join(sorted(formats))})")
 
 
 def multi_task_labels(runs: list[tuple[Path, list[dict]]]) -> dict[str, str]:

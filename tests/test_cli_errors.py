@@ -144,3 +144,80 @@ def test_cuda_without_cuda(run_dir: Path, capsys):
     result = run_in_process(capsys, "train", "--device", "cuda", "--out", str(run_dir))
     assert_one_line_error(result, "--device cuda")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("env, space", [
+    ("DictObservations-v0", "Dict('goal': Discrete(3), 'position': Box(-1.0, 1.0, (3,), float32))"),
+    ("TupleObservations-v0", "Tuple(Box(-1.0, 1.0, (3,), float32), Discrete(3))"),
+    ("TextObservations-v0", "Text(1, 8, charset="),
+])
+def test_observation_space_the_model_cannot_take(env: str, space: str, run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--env", f"oddenvs:{env}", "--out", str(run_dir))
+    assert_one_line_error(result, f"oddenvs:{env}'s observation space {space}", "Box")
+    assert not run_dir.exists()
+
+
+def test_unsupported_action_space_is_named_with_its_own_bounds(run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--env", "oddenvs:GridActions-v0", "--out", str(run_dir))
+    assert_one_line_error(result, "action space Box(-1.0, 1.0, (2, 2), float32) is not supported")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999", "-1"])
+def test_seed_out_of_range(seed: str, run_dir: Path, capsys):
+    result = run_in_process(capsys, "train", "--seed", seed, "--out", str(run_dir))
+    assert_one_line_error(result, f"seed must be in [0, 4294967295], got {seed}")
+    assert not run_dir.exists()
+
+
+def test_config_file_not_utf8(tmp_path: Path, run_dir: Path, capsys):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("env: CartPole-v1\n# r\xe9glages\n".encode("latin-1"))
+    result = run_in_process(capsys, "train", "--config", str(config), "--out", str(run_dir))
+    assert_one_line_error(result, f"cannot read config file {config}", "0xe9")
+    assert not run_dir.exists()
+
+
+def test_config_file_with_a_key_twice(tmp_path: Path, run_dir: Path, capsys):
+    config = tmp_path / "twice.yaml"
+    config.write_text("learning_rate: 0.001\nenv: CartPole-v1\nlearning_rate: 0.01\n")
+    result = run_in_process(capsys, "train", "--config", str(config), "--out", str(run_dir))
+    assert_one_line_error(result, f"cannot read config file {config}: the key 'learning_rate' is given twice (lines 1 and 3)")
+    assert not run_dir.exists()
+
+
+def test_out_that_is_a_file(tmp_path: Path, capsys):
+    out = tmp_path / "a-file"
+    out.write_text("keep me")
+    result = run_in_process(capsys, "train", "--out", str(out))
+    assert_one_line_error(result, f"--out {out} is a file")
+    assert out.read_text() == "keep me"
+
+
+def test_out_name_too_long(tmp_path: Path, capsys):
+    for out in (tmp_path / ("x" * 300), tmp_path / "missing" / ("x" * 300)):
+        result = run_in_process(capsys, "train", "--out", str(out))
+        assert_one_line_error(result, f"--out {out} is not writable", "too long")
+    assert list(tmp_path.iterdir()) == []
+
+
+def plot_run(run_dir: Path, *lines: str) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in (
+        '{"env_steps": 0, "episode_return_mean": 1.0}', *lines, '{"env_steps": 100, "episode_return_mean": 2.0}')))
+    return run_dir
+
+
+@pytest.mark.parametrize("name, message", [
+    ("x" * 300 + ".png", "is not writable: File name too long"),
+    ("a-directory", "is a directory"),
+    ("curves.xyz", "cannot write a .xyz picture"),
+])
+def test_plot_out_it_cannot_write(name: str, message: str, tmp_path: Path, capsys):
+    run = plot_run(tmp_path / "run")
+    (tmp_path / "a-directory").mkdir()
+    out = tmp_path / name
+    result = run_in_process(capsys, "plot", str(run), "--out", str(out))
+    assert_one_line_error(result, f"--out {out}", message)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-directory", "run"]
+    assert list((tmp_path / "a-directory").iterdir()) == []

@@ -513,3 +513,21 @@ def test_an_image_in_height_width_channels_order_is_transposed_and_said_so(tmp_p
     line = one_line_error(capsys, "train", "--env", "imageenvs:Cube-v0", "--out", str(tmp_path / "run"))
     assert ("imageenvs:Cube-v0's observations (3, 3, 3) may be channels first or last: pass --image-layout chw "
             "(channels, height, width) or hwc (height, width, channels)") in line, line
+
+
+def test_plot_leaves_out_metrics_lines_that_are_json_but_no_object(tmp_path: Path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"env_steps": 0, "episode_return_mean": 1.0}\nnull\n[1, 2, 3]\n"text"\n'
+                                           '{"env_steps": 100, "episode_return_mean": 2.0}\n')
+    out = tmp_path / "curves.png"
+    code, printed, err = cli(capsys, "plot", str(run_dir), "--out", str(out))
+    assert code == 0 and printed.strip() == str(out) and out.stat().st_size > 0, err
+
+
+def test_the_python_api_needs_an_env_unless_it_resumes(tmp_path: Path):
+    import impactrl
+
+    with pytest.raises(UserError, match="^impactrl.train: env is required"):
+        impactrl.train(total_env_steps=1000, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

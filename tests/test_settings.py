@@ -192,3 +192,22 @@ def test_the_renamed_settings_take_their_old_names_by_flag_yaml_resume_and_api(t
         main(["train", "--help"])
     help_text = capsys.readouterr().out
     assert "--batch-size (now --unrolls-per-batch)" in help_text and "--unrolls-per-batch INT" in help_text
+
+
+@pytest.mark.parametrize(("algo", "env"), [("impala", "CartPole-v1"), ("impala", "ALE/Pong-v5"), ("impact", "CartPole-v1")])
+def test_two_learners_split_a_presets_batch_by_fewer_envs_per_actor(algo: str, env: str, capsys):
+    from impactrl.config import problems
+
+    alone = resolve_train_config(["--algo", algo, "--env", env]).config
+    config = resolve_train_config(["--algo", algo, "--env", env, "--num-learners", "2"]).config
+    assert config.unrolls_per_batch == alone.unrolls_per_batch  # the batch the preset's learning rate is for
+    assert config.envs_per_actor == alone.envs_per_actor // 2 and not problems(config)
+    assert "envs per actor instead of the preset's" in capsys.readouterr().err
+
+
+def test_envs_per_actor_given_with_two_learners_is_kept_and_refused_if_it_cannot_split():
+    from impactrl.config import problems
+
+    config = resolve_train_config(["--env", "CartPole-v1", "--num-learners", "2", "--envs-per-actor", "8"]).config
+    assert config.envs_per_actor == 8
+    assert any("must be a multiple of num_learners * envs_per_actor" in problem for problem in problems(config))

@@ -13,7 +13,7 @@ command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts 
 """
 
 from impactrl.config.checks import (ATARI_SETTINGS, OPTIMIZER_SETTINGS, READ_ONLY_BY, RMSPROP_SETTINGS, bound_problems,
-                                    learner_resources, problems, ray_actor_resources, ray_problems,
+                                    envs_split_for_learners, learner_resources, problems, ray_actor_resources, ray_problems,
                                     unread_settings)
 from impactrl.config.files import (PRESET_DIR, NumbersLoader, coerce, field_names, integer_settings, load_yaml,
                                    preset_files, preset_values, to_yaml, type_problem, with_values)
@@ -25,7 +25,7 @@ from impactrl.config.settings import (ActorSettings, EnvBackend, EnvSettings, Fa
 __all__ = ["TrainConfig", "EnvBackend", "RunSettings", "RuntimeSettings", "ActorSettings", "EnvSettings", "ModelSettings",
            "LossSettings", "ImpactSettings", "PPOSettings", "OptimizerSettings", "LoggingSettings", "FaultSettings",
            "problems", "bound_problems", "ray_problems", "ray_actor_resources", "learner_resources", "unread_settings",
-           "READ_ONLY_BY",
+           "READ_ONLY_BY", "envs_split_for_learners",
            "ATARI_SETTINGS", "RMSPROP_SETTINGS", "OPTIMIZER_SETTINGS", "PRESET_DIR", "preset_files", "preset_values",
            "field_names", "integer_settings", "type_problem", "coerce", "NumbersLoader", "load_yaml", "to_yaml", "with_values",
            "RENAMED", "renamed_flags", "renamed_settings"]

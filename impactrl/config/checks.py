@@ -50,6 +50,20 @@ def batch_problems(config: TrainConfig) -> list[str]:
     return found
 
 
+def envs_split_for_learners(config: TrainConfig, given: set[str]) -> tuple[TrainConfig, str | None]:
+    """With several learners and a preset's ``envs_per_actor`` (not ``given``) that does not split
+    the batch into equal shares: the most envs per actor that does, keeping the batch (what the
+    preset's learning rate was chosen for), and a note that says so. Else ``config`` as it is."""
+    learners, envs, batch = config.num_learners, config.envs_per_actor, config.unrolls_per_batch
+    if (learners <= 1 or config.synchronous or "envs_per_actor" in given or envs < 1 or batch < 1
+            or batch % (learners * envs) == 0 or batch % learners):
+        return config, None
+    fitting = max(d for d in range(1, envs) if batch // learners % d == 0)
+    note = (f"{fitting} envs per actor instead of the preset's {envs}, so that each of the {learners} learners "
+            f"takes an equal share ({batch // learners} unrolls) of the batch of {batch}")
+    return dataclasses.replace(config, envs_per_actor=fitting), note
+
+
 def learner_problems(config: TrainConfig) -> list[str]:
     """Several learners: each needs its own actors and an equal share of every batch (their gradients
     are reduced in lockstep, so the shares must match)."""

@@ -129,13 +129,32 @@ NumbersLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+class ConfigLoader(NumbersLoader):
+    """The loader of settings files: a key given twice in one mapping is refused, where PyYAML keeps
+    the last silently (and the user's first value, perhaps the one meant, is lost)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[Any, int] = {}  # key -> the line it is first given on
+        for key_node, _ in node.value:
+            # ``<<: *defaults`` merges a mapping in, whose keys those beside it may override.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+            if key in lines:
+                where = f"line {line}" if lines[key] == line else f"lines {lines[key]} and {line}"
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice ({where})",
+                                                        key_node.start_mark)
+            lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """A ``--config`` file or preset: its settings, type-checked; UserError (one line) when it cannot be read."""
     try:
-        data = yaml.load(Path(path).read_text(), Loader=NumbersLoader)
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=ConfigLoader)
     except FileNotFoundError:
         raise UserError(f"config file {path} does not exist") from None
-    except (OSError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise UserError(f"cannot read config file {path}: {str(error).splitlines()[0]}") from None
     if data is None:
         return {}

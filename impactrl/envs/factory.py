@@ -22,11 +22,11 @@ from typing import Literal
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.wrappers import (AtariPreprocessing, ClipAction, FrameStackObservation, NormalizeReward,
-                                RecordEpisodeStatistics, TransformReward)
+from gymnasium.wrappers import (AtariPreprocessing, FrameStackObservation, NormalizeReward, RecordEpisodeStatistics,
+                                TransformReward)
 
 from impactrl.errors import UserError
-from impactrl.envs.wrappers import ChannelsFirst, ChannelsFirstUint8, EpisodicLife
+from impactrl.envs.wrappers import ChannelsFirst, ChannelsFirstUint8, ClipToBounds, EpisodicLife
 
 __all__ = [
     "EnvOptions",
@@ -340,8 +340,9 @@ def make_env(
     - minatar: ``gym.make`` → RecordEpisodeStatistics → ChannelsFirstUint8. Observation: uint8
       ``(C, 10, 10)`` in {0, 1}.
     - classic, mujoco: ``gym.make`` → RecordEpisodeStatistics.
-    - any family with a Box action space: → ClipAction (a Gaussian policy samples outside the
-      bounds; the log-prob stays that of the unclipped sample, as in CleanRL).
+    - any family with a Box action space: → ClipToBounds (a Gaussian policy samples outside the
+      bounds; the log-prob stays that of the unclipped sample, as in CleanRL; the action space keeps
+      the env's bounds).
     - ``training`` and ``options.normalize_reward_gamma``: → NormalizeReward(γ) → rewards clipped
       to ±10 (CleanRL's MuJoCo setup). Episode statistics stay unscaled: they are recorded inside.
 
@@ -378,7 +379,7 @@ def make_env(
         if image_layout(env_id, env.observation_space, options.image_layout) == "hwc":
             env = ChannelsFirst(env)
     if isinstance(env.action_space, gym.spaces.Box):
-        env = ClipAction(env)
+        env = ClipToBounds(env)
     if training and options.normalize_reward_gamma is not None:
         env = NormalizeReward(env, gamma=float(options.normalize_reward_gamma))
         env = TransformReward(env, lambda reward: float(np.clip(reward, -10.0, 10.0)))

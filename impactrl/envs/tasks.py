@@ -129,9 +129,15 @@ class TaskSet:
 
 def task_set(env: str, spaces_of: Callable[[str], tuple[gym.Space, gym.Space]]) -> TaskSet:
     """The tasks of ``--env`` with their shared spaces, ``spaces_of(env_id)`` giving each task's
-    ``(observation_space, action_space)``; ``UserError`` when the tasks cannot share them."""
+    ``(observation_space, action_space)``; ``UserError`` when an observation space is no Box (which
+    the agent needs) or the tasks cannot share them."""
     ids = check_tasks(env)
     spaces = [spaces_of(env_id) for env_id in ids]
+    for env_id, (observation, _) in zip(ids, spaces):
+        if not isinstance(observation, gym.spaces.Box):
+            raise UserError(f"{env_id}'s observation space {' '.join(str(observation).split())} is not supported: "
+                            "impactrl needs Box observations (gymnasium.wrappers.FlattenObservation makes one of a "
+                            "Dict or Tuple)")
     labels = task_labels(ids)
     if len(ids) == 1:
         return TaskSet(ids, labels, spaces[0][0], spaces[0][1], None)
@@ -139,8 +145,6 @@ def task_set(env: str, spaces_of: Callable[[str], tuple[gym.Space, gym.Space]]) 
     for env_id, (observation, action) in zip(ids, spaces):
         if not isinstance(action, gym.spaces.Discrete) or int(action.start) != 0:
             raise UserError(f"multi-task runs need Discrete actions starting at 0, but {env_id} has {action}")
-        if not isinstance(observation, gym.spaces.Box):
-            raise UserError(f"multi-task runs need Box observations, but {env_id} has {observation}")
         if len(observation.shape) != len(observations[0].shape) or observation.dtype != observations[0].dtype:
             raise UserError(f"the tasks' observations cannot be padded to one shape: {ids[0]} has "
                             f"{observations[0].shape} {observations[0].dtype}, {env_id} has {observation.shape} "

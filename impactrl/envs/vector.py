@@ -163,7 +163,7 @@ class EnvPoolEnvs:
             self.action_space = self.pool.action_space
         self.num_envs = num_envs
         space = self.action_space
-        # A Gaussian policy samples outside the bounds; clip as make_env's ClipAction does.
+        # A Gaussian policy samples outside the bounds; clip as make_env's ClipToBounds does.
         self._action_bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
         atari = env_family(env_id) == "atari"
         self._track_lives = atari and training and options.episodic_life

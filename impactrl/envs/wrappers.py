@@ -3,6 +3,7 @@
 - :class:`HideVelocity` — CartPole with its two velocity entries hidden (a POMDP for LSTM agents).
 - :class:`ChannelsFirstUint8` — MinAtar's ``(10, 10, C)`` bool grid as a ``(C, 10, 10)`` uint8 array.
 - :class:`EpisodicLife` — DeepMind's "end of life is end of episode" for *training* on Atari.
+- :class:`ClipToBounds` — continuous actions clipped into the env's bounds, which it still announces.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["HideVelocity", "ChannelsFirst", "ChannelsFirstUint8", "EpisodicLife", "make_cartpole_no_velocity"]
+__all__ = ["HideVelocity", "ChannelsFirst", "ChannelsFirstUint8", "EpisodicLife", "ClipToBounds",
+           "make_cartpole_no_velocity"]
 
 
 class HideVelocity(gym.ObservationWrapper, gym.utils.RecordConstructorArgs):
@@ -74,6 +76,19 @@ class ChannelsFirstUint8(gym.ObservationWrapper, gym.utils.RecordConstructorArgs
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(np.asarray(observation, dtype=np.uint8), (2, 0, 1)))
+
+
+class ClipToBounds(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
+    """Box actions clipped into the env's bounds (a Gaussian policy samples outside them), the action
+    space kept: Gymnasium's ClipAction announces (-inf, inf) instead, hiding the bounds from the
+    agent (``squash_actions``) and from the messages that name the space."""
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.ActionWrapper.__init__(self, env)
+
+    def action(self, action: np.ndarray) -> np.ndarray:
+        return np.clip(action, self.action_space.low, self.action_space.high)
 
 
 class EpisodicLife(gym.Wrapper, gym.utils.RecordConstructorArgs):
