@@ -2,8 +2,11 @@
 forward pass per step, and what each step carries to the next.
 
 Per env the agent sees x_t with ``first`` (x_t starts an episode), the previous action and reward
-(0 where x_t starts an episode) and the LSTM state. An episode a time limit cut bootstraps from
-V(x_final), computed from the state that led to x_final (docs/algorithms.md#episode-ends-and-truncation).
+(0 where x_t starts an episode) and the LSTM state. The previous reward is the one the learner
+trains on: with --normalize-rewards training's envs return it normalised, so envs that return raw
+rewards (eval's) hand ``Acting`` the scale training's normalisers reached, and it scales them the
+same way. An episode a time limit cut bootstraps from V(x_final), computed from the state that led
+to x_final (docs/algorithms.md#episode-ends-and-truncation).
 How actions are chosen from the policy and how envs are stepped and reset is the caller's.
 """
 
@@ -14,14 +17,18 @@ import torch
 
 from impactrl.models import Agent, AgentInput
 
+NORMALIZED_REWARD_CLIP = 10.0  # make_env clips normalised training rewards to ±10
+
 
 class Acting:
     """The recurrent inputs of ``len(tasks)`` envs (each playing task ``tasks[e]``) and the
-    forward pass over them."""
+    forward pass over them. ``reward_scale``: for envs that return raw rewards where training's
+    normalised them (``make_env``'s --normalize-rewards: r / σ, clipped to ±10), that σ."""
 
-    def __init__(self, agent: Agent, tasks: np.ndarray):
+    def __init__(self, agent: Agent, tasks: np.ndarray, reward_scale: float | None = None):
         self.agent = agent
         self.tasks = tasks
+        self.reward_scale = reward_scale
         self.start_episodes()
 
     def start_episodes(self) -> None:
@@ -47,13 +54,20 @@ class Acting:
                                                              self.core_state)
         return policy, value
 
+    def learner_reward(self, reward: np.ndarray) -> np.ndarray:
+        """The envs' ``reward`` as the learner trained on it (float32)."""
+        if self.reward_scale is None:
+            return np.asarray(reward, dtype=np.float32)
+        scaled = np.asarray(reward, dtype=np.float64) / self.reward_scale
+        return np.clip(scaled, -NORMALIZED_REWARD_CLIP, NORMALIZED_REWARD_CLIP).astype(np.float32)
+
     def advance(self, action: np.ndarray, reward: np.ndarray, done: np.ndarray) -> None:
-        """After the envs stepped with ``action``: x_{t+1} starts an episode where ``done``, and
-        there the previous action and reward are 0."""
+        """After the envs stepped with ``action`` for ``reward``: x_{t+1} starts an episode where
+        ``done``, and there the previous action and reward are 0."""
         self.core_state = self._next_core_state
         self.first = done.copy()
         self.prev_action = np.where(done.reshape(-1, *[1] * (action.ndim - 1)), 0, action).astype(action.dtype)
-        self.prev_reward = np.where(done, 0.0, reward).astype(np.float32)
+        self.prev_reward = np.where(done, 0.0, self.learner_reward(reward)).astype(np.float32)
 
     def truncation_values(self, obs: np.ndarray, final_obs: dict[int, np.ndarray], action: np.ndarray,
                           reward: np.ndarray) -> dict[int, float]:
@@ -63,6 +77,6 @@ class Acting:
         obs = obs.copy()
         for e, observation in final_obs.items():
             obs[e] = observation
-        _, value, _ = self._forward(obs, action, np.asarray(reward, dtype=np.float32), np.zeros_like(self.first),
+        _, value, _ = self._forward(obs, action, self.learner_reward(reward), np.zeros_like(self.first),
                                     self.core_state)
         return {e: value[e].item() for e in final_obs}

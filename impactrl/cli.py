@@ -492,6 +492,8 @@ def evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--sticky-action-prob", type=float, metavar="P",
                         help="Atari: repeat the previous action with probability P (default: as the run trained; "
                         "0.25 is the v5 games' own)")
+    parser.add_argument("--max-episode-steps", type=int, metavar="N", help="cut an episode after N agent steps "
+                        "(default: the run's or the env's own time limit; Atari 27,000; else 100,000)")
     args = parser.parse_args(list(argv))
     if args.sticky_action_prob is not None and not 0.0 <= args.sticky_action_prob <= 1.0:
         raise UserError(f"--sticky-action-prob must be in [0, 1], got {args.sticky_action_prob:g}")
@@ -508,7 +510,8 @@ def evaluate(argv: Sequence[str]) -> int:
     torch.set_num_threads(1)
     result = evaluate_checkpoint(args.path, args.episodes, seed=args.seed, greedy=args.greedy, num_envs=args.num_envs,
                                  sticky_action_prob=args.sticky_action_prob,
-                                 video_dir=args.video, references=args.reference)
+                                 video_dir=args.video, references=args.reference,
+                                 max_episode_steps=args.max_episode_steps)
     print(json_line(result))
     return 0
 

@@ -24,6 +24,7 @@ import yaml
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs.tasks import reward_threshold, task_ids
 from impactrl.errors import UserError
+from impactrl.evaluation import DEFAULT_EPISODE_STEPS, episode_step_limit
 from impactrl.metrics import read_metrics
 
 Records = list[dict[str, Any]]
@@ -61,9 +62,15 @@ def recent(records: Records) -> Records:
     return window if len(window) >= 2 else records[-2:]
 
 
+def numeric(record: dict[str, Any], key: str) -> bool:
+    """Whether ``record`` has a finite number at ``key`` (a non-finite one is written as null)."""
+    value = record.get(key)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def typical(records: Records, key: str) -> float | None:
     """The median over the lines that have ``key``: a start-up line or a stall does not sway it."""
-    values = sorted(r[key] for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]))
+    values = sorted(r[key] for r in records if numeric(r, key))
     if not values:
         return None
     middle = len(values) // 2
@@ -161,7 +168,7 @@ def importance_weights_exploding(records: Records, config: TrainConfig) -> Findi
 
 @rule
 def entropy_collapsed_early(records: Records, config: TrainConfig) -> Finding | None:
-    entropies = [(r["env_steps"], r["loss/entropy"]) for r in records if "loss/entropy" in r]
+    entropies = [(r["env_steps"], r["loss/entropy"]) for r in records if numeric(r, "loss/entropy")]
     if len(entropies) < 2:
         return None
     (_, first), (steps, last) = entropies[0], entropies[-1]
@@ -178,7 +185,7 @@ def entropy_collapsed_early(records: Records, config: TrainConfig) -> Finding | 
 @rule
 def torso_layer_dead(records: Records, config: TrainConfig) -> Finding | None:
     records = recent(records)
-    worst = [r["torso/dead_units_worst_layer"] for r in records if "torso/dead_units_worst_layer" in r]
+    worst = [r["torso/dead_units_worst_layer"] for r in records if numeric(r, "torso/dead_units_worst_layer")]
     # Every line of the window: a unit at zero on one batch may still fire on the next.
     if len(worst) < 2 or min(worst) < 1.0:
         return None
@@ -338,6 +345,31 @@ def throughput_below_env_speed(records: Records, config: TrainConfig) -> Finding
                    "`impactrl bench` shows where the time goes")
 
 
+@rule
+def episodes_not_ending(records: Records, config: TrainConfig) -> Finding | None:
+    # An episode lasts at most its env's time limit: once every env has stepped more than that on
+    # average since an episode last ended, some env went past it without ending one.
+    ended = [r for r in records if r.get("episodes")]
+    steps = records[-1]["env_steps"] - (ended[-1] if ended else records[0])["env_steps"]
+    if not steps:
+        return None
+    per_env = steps / (config.num_actors * config.envs_per_actor)
+    limits = [episode_step_limit(env_id, config) for env_id in task_ids(config.env)]
+    longest = max(limit or DEFAULT_EPISODE_STEPS for limit in limits)
+    if per_env <= longest:
+        return None
+    limit = (f"{config.env} has no time limit, and {longest:,} steps is eval's cap" if None in limits
+             else f"an episode of {config.env} lasts at most {longest:,} steps")
+    return Finding("episodes_not_ending",
+                   f"no episode ended in the last {steps:,} env steps ({per_env:,.0f} per env; {limit})",
+                   "without episode ends there are no returns to see learning by (the progress line shows none, "
+                   "--stop-at-return never stops the run), and an episode that never ends is usually an env whose "
+                   "step() never returns terminated or truncated",
+                   "check that the env's step() returns terminated (or truncated) where an episode should end; for "
+                   "a task with no end of its own, set a time limit with --max-episode-steps N (Gymnasium's "
+                   "TimeLimit: each episode truncated at N steps)")
+
+
 def diagnose(records: Records, config: TrainConfig, reward_threshold: float | None = None) -> list[Finding]:
     """Every rule over the metrics lines ``records``; the findings in rule order."""
     found = []
@@ -370,25 +402,34 @@ class LiveDiagnostics:
         return fresh
 
 
-def read_run(run_dir: Path) -> tuple[TrainConfig, Records]:
-    """A run directory's config and metrics lines; UserError when it has none."""
+def readable(record: Any) -> bool:
+    """A metrics line the rules can read: an object with the env steps and time every line has."""
+    return isinstance(record, dict) and numeric(record, "env_steps") and numeric(record, "wall_time_s")
+
+
+def read_run(run_dir: Path) -> tuple[TrainConfig, Records, int]:
+    """A run directory's config, its readable metrics lines and how many others were skipped;
+    UserError when it has none."""
     run_dir = Path(run_dir)
     try:
         values = yaml.safe_load((run_dir / "config.yaml").read_text())
-        records = read_metrics(run_dir / "metrics.jsonl")
+        lines = read_metrics(run_dir / "metrics.jsonl")
     except OSError as error:
         raise UserError(f"{run_dir} is not a run directory with metrics ({error.strerror}: {error.filename})") from None
+    records = [record for record in lines if readable(record)]
     if not records:
-        raise UserError(f"{run_dir}/metrics.jsonl holds no metrics yet")
-    return with_values(TrainConfig(), coerce(values, "config.yaml")), records
+        raise UserError(f"{run_dir}/metrics.jsonl holds no metrics yet" if not lines else
+                        f"{run_dir}/metrics.jsonl holds no metrics lines with env_steps and wall_time_s")
+    return with_values(TrainConfig(), coerce(values, "config.yaml")), records, len(lines) - len(records)
 
 
 def report(run_dir: Path) -> str:
     """What ``impactrl diagnose`` prints: the rules over the run's last minute, then its live warnings."""
-    config, records = read_run(run_dir)
+    config, records, skipped = read_run(run_dir)
     last = records[-1]
+    skipped_note = f", {skipped} more without env_steps and wall_time_s skipped" if skipped else ""
     lines = [f"{run_dir}: {config.algo} on {config.env}, {last['env_steps']:,} env steps in {last['wall_time_s']:.0f} s "
-             f"({len(records)} metrics lines)"]
+             f"({len(records)} metrics lines{skipped_note})"]
     findings = diagnose(records, config, reward_threshold(config.env))
     lines.append("At the end of the run:" if findings else "At the end of the run: nothing to report.")
     lines += [f"  {finding.text()}" for finding in findings]

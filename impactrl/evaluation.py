@@ -3,25 +3,119 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 import yaml
 
 from impactrl.acting import Acting
-from impactrl.build import env_options, make_agent, run_tasks
+from impactrl.build import env_options, env_tasks, make_agent, run_tasks
 from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs import make_env
-from impactrl.envs.tasks import pad_observation, tasks_family
+from impactrl.envs.factory import env_family, env_spec
+from impactrl.envs.tasks import TaskSet, pad_observation, tasks_family
+from impactrl.envs.vector import ALE_MAX_FRAMES
 from impactrl.errors import UserError
 from impactrl.models import DEAD_UNIT_SAMPLE
 from impactrl.ops.returns import discounted_returns, explained_variance
 
 VIDEO_FPS = 30
 DEAD_UNIT_EVERY = 8  # steps between the observations sampled for the dead-unit count: spread over the games
+DEFAULT_EPISODE_STEPS = 100_000  # the cap on an episode of an env that has no time limit of its own
+PROGRESS_EVERY_S = 10.0  # a progress line this often on stderr when it is not a terminal
+BAR_EVERY_S = 0.5  # the progress bar's redraws on a terminal
+NORMALIZE_EPSILON = 1e-8  # Gymnasium's NormalizeReward adds it to the variance (make_env keeps its default)
+
+
+def episode_step_limit(env_id: str, config: TrainConfig) -> int | None:
+    """The most agent steps an episode of ``env_id`` lasts in a run with ``config``: its
+    ``max_episode_steps``, else for Atari the 108,000 emulator frames the v5 games stop at (the
+    Atari papers' evaluation limit), else the env's registered time limit; None when nothing ends it."""
+    if config.max_episode_steps is not None:
+        return config.max_episode_steps
+    if env_family(env_id) == "atari":
+        return ALE_MAX_FRAMES // config.frame_skip
+    return env_spec(env_id).max_episode_steps
+
+
+class StepCap(gym.Wrapper):
+    """Truncates an episode at ``cap`` steps where the env itself has not ended it, as a time limit
+    would; that step's ``info`` then holds the return so far as ``episode`` and ``cut``."""
+
+    def __init__(self, env: gym.Env, cap: int):
+        super().__init__(env)
+        self.cap = cap
+        self.steps, self.episode_return = 0, 0.0
+
+    def reset(self, **kwargs):
+        self.steps, self.episode_return = 0, 0.0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        self.episode_return += float(reward)
+        if self.steps >= self.cap and not (terminated or truncated):
+            truncated = True
+            info = {**info, "episode": {"r": self.episode_return, "l": self.steps}, "cut": True}
+        return observation, reward, terminated, truncated, info
+
+
+class Progress:
+    """How far a long evaluation got, on stderr: a bar over the episodes on a terminal, else a line
+    every ``PROGRESS_EVERY_S``; and one-line notes."""
+
+    def __init__(self, label: str, episodes: int):
+        self.label, self.episodes = label, episodes
+        self.began = self.shown = time.monotonic()
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=episodes, desc=label, unit="ep", file=sys.stderr, leave=False)
+
+    def update(self, episodes: int, steps: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < (BAR_EVERY_S if self.bar is not None else PROGRESS_EVERY_S):
+            return
+        self.shown = now
+        if self.bar is not None:
+            self.bar.n = episodes
+            self.bar.set_postfix_str(f"{steps:,} steps")
+        else:
+            print(f"impactrl eval: {self.label}: {episodes}/{self.episodes} episodes, {steps:,} env steps in "
+                  f"{now - self.began:.0f} s", file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(f"impactrl eval: {text}", file=sys.stderr)
+        else:
+            print(f"impactrl eval: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def video_directory(path: Path) -> Path:
+    """``path``, made if missing and checked writable before any episode is played; UserError
+    when it cannot be."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--video {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as error:
+        raise UserError(f"--video {path}: cannot write there ({error.strerror or error})") from None
+    return path
 
 
 class EpisodeVideos:
@@ -105,6 +199,7 @@ class MonteCarloValues:
 @dataclasses.dataclass
 class Played:
     returns: list[float]
+    cut: int  # episodes cut at the step cap
     videos: list[str]
     value_error: dict  # MonteCarloValues.summary(), or both entries None where it would mislead
     dead_units: list[float]  # the torso's dead_unit_fractions on a sample of the observations played
@@ -112,12 +207,16 @@ class Played:
 
 def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bool = False,
                         num_envs: int = 8, video_dir: Path | None = None,
-                        references: Sequence[Path] = (), sticky_action_prob: float | None = None) -> dict:
+                        references: Sequence[Path] = (), sticky_action_prob: float | None = None,
+                        max_episode_steps: int | None = None) -> dict:
     """Mean and std of the undiscounted return over ``episodes`` whole episodes, and the value
     error against the returns that followed (``MonteCarloValues``; null with ``greedy``, whose
     policy is not the one the value estimates, and with normalised rewards, whose scale differs
     per env), ``torso_dead_units`` (the torso's ``dead_unit_fractions`` on up to ``DEAD_UNIT_SAMPLE``
     of the observations played); with ``video_dir``, the first env's episodes as mp4 files there.
+
+    An episode is cut after ``max_episode_steps`` agent steps (default: ``episode_step_limit``, else
+    ``DEFAULT_EPISODE_STEPS``) with its return so far, a line on stderr and ``episodes_cut`` counting it.
 
     A multi-task agent plays ``episodes`` on every task and the result has one entry per task,
     with the return of a uniform-random policy over the task's actions beside it, and
@@ -125,6 +224,10 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     where R_reference is the return of the single-task run in ``references`` on that task
     (evaluated the same way); null without references.
     """
+    if max_episode_steps is not None and max_episode_steps < 1:
+        raise UserError(f"--max-episode-steps must be >= 1, got {max_episode_steps}")
+    if video_dir is not None:
+        video_dir = video_directory(video_dir)
     state = load_checkpoint(path)
     config = with_values(TrainConfig(), coerce(yaml.safe_load(state["config"]), "checkpoint config"))
     config = with_values(config, {"env_backend": "gymnasium"})  # evaluation plays whole games on Gymnasium
@@ -140,7 +243,6 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
         options = dataclasses.replace(options, sticky_action_prob=sticky_action_prob)
     if video_dir is not None:
         options = dataclasses.replace(options, render_mode="rgb_array")
-        Path(video_dir).mkdir(parents=True, exist_ok=True)
     num_envs = min(num_envs, episodes)
     shape = tuple(tasks.observation_space.shape)
     common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy,
@@ -149,24 +251,30 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
         if references:
             raise UserError(f"--reference compares a multi-task agent with single-task runs, but {path} is a run on "
                             f"one task ({config.env})")
-        envs = [make_env(tasks.ids[0], options, seed=seed + i, training=False) for i in range(num_envs)]
-        played = play(agent, config, envs, 0, shape, episodes, seed, greedy, video_dir)
-        return {**summarize_returns(played.returns), **played.value_error, "torso_dead_units": played.dead_units,
+        cap = max_episode_steps or episode_step_limit(tasks.ids[0], config) or DEFAULT_EPISODE_STEPS
+        envs = eval_envs(tasks.ids[0], options, seed, num_envs, cap)
+        played = play(agent, config, envs, 0, shape, episodes, seed, greedy, video_dir,
+                      training_reward_scale(state, config, tasks, 0))
+        return {**summarize_returns(played.returns), "episodes_cut": played.cut, "max_episode_steps": cap,
+                **played.value_error, "torso_dead_units": played.dead_units,
                 **common, **({"videos": played.videos} if video_dir is not None else {})}
     reference_returns = {}
     for reference in references:
-        result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs, sticky_action_prob=sticky_action_prob)
+        result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs, sticky_action_prob=sticky_action_prob,
+                                     max_episode_steps=max_episode_steps)
         if result["env"] not in tasks.ids:
             raise UserError(f"--reference {reference}: a run on {result['env']}, not a single-task run on one of "
                             f"{', '.join(tasks.ids)}")
         reference_returns[result["env"]] = result["return_mean"]
     per_task, scores = {}, []
     for task, (env_id, label) in enumerate(zip(tasks.ids, tasks.labels)):
-        envs = [make_env(env_id, options, seed=seed + i, training=False) for i in range(num_envs)]
-        played = play(agent, config, envs, task, shape, episodes, seed, greedy,
-                      None if video_dir is None else Path(video_dir) / label)
-        random_return = float(np.mean(random_returns(env_id, options, episodes, seed)))
-        entry = {**summarize_returns(played.returns), **played.value_error, "torso_dead_units": played.dead_units,
+        cap = max_episode_steps or episode_step_limit(env_id, config) or DEFAULT_EPISODE_STEPS
+        played = play(agent, config, eval_envs(env_id, options, seed, num_envs, cap), task, shape, episodes, seed,
+                      greedy, None if video_dir is None else video_dir / label,
+                      training_reward_scale(state, config, tasks, task))
+        random_return = float(np.mean(random_returns(env_id, options, episodes, seed, cap)))
+        entry = {**summarize_returns(played.returns), "episodes_cut": played.cut, "max_episode_steps": cap,
+                 **played.value_error, "torso_dead_units": played.dead_units,
                  "env": env_id, "random_return_mean": random_return}
         if env_id in reference_returns:
             entry["reference_return_mean"] = reference_returns[env_id]
@@ -187,9 +295,32 @@ def summarize_returns(returns: list[float]) -> dict:
     return {"return_mean": float(values.mean()), "return_std": float(values.std()), "episodes": int(len(values))}
 
 
-def random_returns(env_id: str, options, episodes: int, seed: int) -> list[float]:
-    """Returns of a uniform-random policy over ``episodes`` whole episodes (the score's floor)."""
-    env = make_env(env_id, options, seed=seed, training=False)
+def eval_envs(env_id: str, options, seed: int, num_envs: int, cap: int) -> list[gym.Env]:
+    """``num_envs`` envs as evaluation plays them (whole games), env ``i`` seeded ``seed + i``, their
+    episodes cut at ``cap`` steps."""
+    return [StepCap(make_env(env_id, options, seed=seed + i, training=False), cap) for i in range(num_envs)]
+
+
+def training_reward_scale(state: dict, config: TrainConfig, tasks: TaskSet, task: int) -> float | None:
+    """What training divided task ``task``'s rewards by with --normalize-rewards (None without):
+    the standard deviation of the discounted return as its envs' normalisers held it in the
+    checkpoint ``state``, pooled over them (a fresh normaliser's 1 where none had reported)."""
+    if not config.normalize_rewards:
+        return None
+    stats = np.asarray(state["reward_stats"])[env_tasks(config, tasks) == task]  # [envs, (mean, var, count)]
+    stats = stats[np.isfinite(stats).all(axis=1)]
+    if not len(stats):
+        return float(np.sqrt(1.0 + NORMALIZE_EPSILON))
+    mean, var, count = stats.T
+    pooled_mean = (count * mean).sum() / count.sum()
+    pooled_var = (count * (var + (mean - pooled_mean) ** 2)).sum() / count.sum()
+    return float(np.sqrt(pooled_var + NORMALIZE_EPSILON))
+
+
+def random_returns(env_id: str, options, episodes: int, seed: int, cap: int) -> list[float]:
+    """Returns of a uniform-random policy over ``episodes`` whole episodes (the score's floor), cut
+    at ``cap`` steps."""
+    env = StepCap(make_env(env_id, options, seed=seed, training=False), cap)
     returns = []
     env.reset(seed=seed)
     while len(returns) < episodes:
@@ -202,9 +333,10 @@ def random_returns(env_id: str, options, episodes: int, seed: int) -> list[float
 
 
 def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ...], episodes: int, seed: int,
-         greedy: bool, video_dir: Path | None) -> Played:
+         greedy: bool, video_dir: Path | None, reward_scale: float | None = None) -> Played:
     """Play ``episodes`` whole episodes of task ``task`` on ``envs`` (closed at the end), their
-    observations padded to ``shape``: the returns, the videos written (the first env's episodes,
+    observations padded to ``shape``, their rewards fed back to the agent divided by
+    ``reward_scale`` (see ``Acting``): the returns, the videos written (the first env's episodes,
     with ``video_dir``) and the value error (see ``evaluate_checkpoint``)."""
     torch.manual_seed(seed)  # the sampled actions: the same episodes whatever was evaluated before
     obs = np.stack([pad_observation(env.reset(seed=seed + i)[0], shape) for i, env in enumerate(envs)])
@@ -212,42 +344,51 @@ def play(agent, config: TrainConfig, envs: list, task: int, shape: tuple[int, ..
     if video_dir is not None:
         Path(video_dir).mkdir(parents=True, exist_ok=True)
         videos = EpisodeVideos(video_dir, envs[0])
-    acting = Acting(agent, np.full(len(envs), task, dtype=np.int64))
-    games = Games(envs, shape, episodes, videos)
+    acting = Acting(agent, np.full(len(envs), task, dtype=np.int64), reward_scale)
+    progress = Progress(envs[0].spec.id, episodes)
+    games = Games(envs, shape, episodes, videos, progress)
     monte_carlo = MonteCarloValues(len(envs), config.discount, config.reward_clip == "abs_one",
                                    config.episodic_life and tasks_family(config.env) == "atari")
     sampled: list[np.ndarray] = []  # observations for the dead-unit count
     step = 0
-    with torch.inference_mode():
-        while len(games.returns) < episodes:
-            if step % DEAD_UNIT_EVERY == 0 and sum(map(len, sampled)) < DEAD_UNIT_SAMPLE:
-                sampled.append(obs[games.active].copy())
-            step += 1
-            policy, values = acting.act(obs)
-            action = (acting.agent.policy_head.mode(policy) if greedy else acting.agent.policy_head.sample(policy)).numpy()
-            rewards, restarted, truncated_obs = games.step(obs, action, values.tolist(), monte_carlo)
-            acting.advance(action, rewards, restarted)
-            if truncated_obs:  # the values of their final observations, from the state that led there
-                for i, value in acting.truncation_values(obs, truncated_obs, action, rewards).items():
-                    monte_carlo.end_episode(i, value)
+    try:
+        with torch.inference_mode():
+            while len(games.returns) < episodes:
+                if step % DEAD_UNIT_EVERY == 0 and sum(map(len, sampled)) < DEAD_UNIT_SAMPLE:
+                    sampled.append(obs[games.active].copy())
+                step += 1
+                policy, values = acting.act(obs)
+                action = (acting.agent.policy_head.mode(policy) if greedy else acting.agent.policy_head.sample(policy)).numpy()
+                rewards, restarted, truncated_obs = games.step(obs, action, values.tolist(), monte_carlo)
+                acting.advance(action, rewards, restarted)
+                if truncated_obs:  # the values of their final observations, from the state that led there
+                    for i, value in acting.truncation_values(obs, truncated_obs, action, rewards).items():
+                        monte_carlo.end_episode(i, value)
+                progress.update(len(games.returns), games.steps)
+    finally:
+        progress.close()
     for env in envs:
         env.close()
     value_error = (monte_carlo.summary() if not greedy and not config.normalize_rewards
                    else {"value_mse": None, "value_explained_variance": None})
     dead_units = agent.dead_unit_fractions(torch.from_numpy(np.concatenate(sampled))[:DEAD_UNIT_SAMPLE])
-    return Played(games.returns[:episodes], [str(path) for path in videos.written] if videos is not None else [],
+    return Played(games.returns[:episodes], games.cut, [str(path) for path in videos.written] if videos is not None else [],
                   value_error, dead_units)
 
 
 class Games:
     """The episodes ``play`` plays on single envs: an env starts a new episode only while more are
-    needed (so fast envs don't bias the mean), and its first env's frames go to ``videos``."""
+    needed (so fast envs don't bias the mean), its first env's frames go to ``videos``, and an
+    episode ``StepCap`` cut is counted and noted on ``progress``."""
 
-    def __init__(self, envs: list, shape: tuple[int, ...], episodes: int, videos: EpisodeVideos | None):
-        self.envs, self.shape, self.episodes, self.videos = envs, shape, episodes, videos
+    def __init__(self, envs: list, shape: tuple[int, ...], episodes: int, videos: EpisodeVideos | None,
+                 progress: Progress):
+        self.envs, self.shape, self.episodes, self.videos, self.progress = envs, shape, episodes, videos, progress
         self.started = len(envs)
         self.active = np.ones(len(envs), dtype=bool)
         self.returns: list[float] = []
+        self.steps = 0  # env steps, over all envs
+        self.cut = 0
 
     def step(self, obs: np.ndarray, action: np.ndarray, values: list[float], monte_carlo: MonteCarloValues):
         """Step the active envs with ``action``, writing their next observations into ``obs``;
@@ -260,12 +401,18 @@ class Games:
             if not self.active[i]:
                 continue
             observation, reward, terminated, truncated, info = env.step(action[i])
+            self.steps += 1
             obs[i] = pad_observation(observation, self.shape)
             rewards[i] = float(reward)
             monte_carlo.step(i, values[i], float(reward), terminated, info)
             self._capture(i)
             if terminated or truncated:
                 self.returns.append(float(info["episode"]["r"]))
+                if info.get("cut"):
+                    self.cut += 1
+                    self.progress.note(f"an episode of {self.progress.label} reached {info['episode']['l']:,} steps "
+                                       f"without ending: cut there, its return so far counted ({self.cut} cut so far; "
+                                       "--max-episode-steps N sets the cap)")
                 if terminated:
                     monte_carlo.end_episode(i, 0.0)
                 else:

@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import select
 import shutil
 import sys
 import threading
@@ -62,6 +63,7 @@ class MetricsWriter:
                             nrows=size.lines or 24,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
         self.latest_warning = ""
+        self.shown_steps: int | None = None  # the env steps of the last line shown
 
     @contextlib.contextmanager
     def writing(self, path: Path):
@@ -84,22 +86,41 @@ class MetricsWriter:
                 self.tensorboard.add_scalar(key, value, step)
         if self.wandb_run is not None:
             self.wandb_run.log({**scalars, "env_steps": step})
+        if step == self.shown_steps:
+            # The learner's closing line right after an interval's: no steps since, so no rate or
+            # return to show, only a repeat of the line before with dashes.
+            return
+        self.shown_steps = step
         line = terminal_line(record, self.total_env_steps)
         with self.writing(self.log_path):
             self.log.write(line + "\n")
-        if self.bar is not None:
-            self.bar.update(min(step, self.total_env_steps) - self.bar.n)
-            self.bar.set_postfix_str(status(record) + (f" | {self.latest_warning}" if self.latest_warning else ""))
-        elif self.terminal is not None:
-            print(line, file=self.terminal, flush=True)
+        with self.showing():
+            if self.bar is not None:
+                self.bar.update(min(step, self.total_env_steps) - self.bar.n)
+                self.bar.set_postfix_str(status(record) + (f" | {self.latest_warning}" if self.latest_warning else ""))
+            elif self.terminal is not None:
+                print(line, file=self.terminal, flush=True)
 
     def message(self, text: str) -> None:
         """A line for the user (a restart, a warning): stderr and train.log."""
         self.log_only(text)
-        if self.bar is not None:
-            self.bar.write(f"impactrl: {text}", file=sys.stderr)
-        elif self.terminal is not None:
-            print(f"impactrl: {text}", file=sys.stderr, flush=True)
+        with self.showing():
+            if self.bar is not None:
+                self.bar.write(f"impactrl: {text}", file=sys.stderr)
+            elif self.terminal is not None:
+                print(f"impactrl: {text}", file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def showing(self):
+        """Terminal output that may find the terminal gone (a closed pipe, a hung-up tty): the run
+        goes on with train.log alone, and the dead stdout and stderr are pointed at /dev/null so
+        that no later print (the final line, Python's exit flush) fails either."""
+        try:
+            yield
+        except OSError as error:
+            self.bar, self.terminal = None, None
+            silence_closed_terminal()
+            self.log_only(f"the terminal went away ({error.strerror or error}); lines go on to {self.log_path}")
 
     def log_only(self, text: str) -> None:
         """A line for train.log alone: one the CLI itself shows on the terminal (why the run stopped)."""
@@ -127,6 +148,21 @@ class MetricsWriter:
             self.wandb_run.finish()
         if failure is not None:
             raise failure
+
+
+def silence_closed_terminal() -> None:
+    """Point stdout or stderr at /dev/null where its reader is gone (a closed pipe, a hung-up
+    tty: Python's documented way to survive a closed pipe), so that no later write fails."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+        except (ValueError, OSError):  # closed, or no file descriptor (a captured stream)
+            continue
+        if any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0)):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
 
 
 def quiet_tensorboard_thread():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import FAST, run_cli
+from impactrl.cli import main
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.diagnostics import RULES, REPEAT_S, WARMUP_S, LiveDiagnostics, diagnose
 
@@ -151,10 +152,46 @@ def test_rewards_already_clipped_are_not_a_finding():
     assert "rewards_unclipped" not in fired(records, dataclasses.replace(CONFIG, reward_clip="abs_one"))
 
 
+def test_episodes_that_never_end_are_a_finding():
+    endless = dataclasses.replace(CONFIG, env="oddenvs:Endless-v0")  # no time limit: 100,000 steps count as never
+    records = run_of(length=100, episodes=0, episode_return_mean=None)  # 8 envs, 10,000 steps a line
+    finding = fired(records, endless)["episodes_not_ending"]
+    assert finding.seen == ("no episode ended in the last 990,000 env steps (123,750 per env; oddenvs:Endless-v0 has "
+                            "no time limit, and 100,000 steps is eval's cap)")
+    assert "--max-episode-steps N" in finding.change and "TimeLimit" in finding.change
+    assert "episodes_not_ending" not in fired(records[:80], endless)  # 98,750 per env: not yet
+    records[-2].update(episodes=1)
+    assert "episodes_not_ending" not in fired(records, endless)
+    # CartPole's episodes last at most 500 steps: a line of 1,250 steps per env without one is a finding.
+    cartpole = run_of()
+    cartpole[-1].update(episodes=0)
+    assert "an episode of CartPole-v1 lasts at most 500 steps" in fired(cartpole)["episodes_not_ending"].seen
+
+
+def test_diagnose_skips_metrics_lines_without_steps_or_time(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(to_yaml(CONFIG))
+    lines = ["{}", *map(json.dumps, run_of()), '{"env_steps": 5}', "[1, 2]", '{"wall_time_s": null}', "{}"]
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    with pytest.raises(SystemExit) as exit_:
+        main(["diagnose", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 0 and err == ""
+    assert out.splitlines()[0].endswith("400,000 env steps in 200 s (40 metrics lines, 5 more without env_steps and "
+                                        "wall_time_s skipped)")
+    assert "nothing to report" in out
+    (run_dir / "metrics.jsonl").write_text("{}\n{}\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["diagnose", str(run_dir)])
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"impactrl diagnose: error: {run_dir}/metrics.jsonl holds no metrics lines with env_steps and wall_time_s"]
+
+
 def test_every_rule_has_a_test_here():
     tested = {"learner_starved", "actors_blocked", "policy_lag_high", "importance_weights_exploding",
               "rewards_unclipped", "throughput_below_env_speed", "entropy_collapsed_early", "returns_flat",
-              "returns_fell", "non_finite_updates", "actors_restarting", "torso_layer_dead"}
+              "returns_fell", "non_finite_updates", "actors_restarting", "torso_layer_dead", "episodes_not_ending"}
     assert set(RULES) == tested
 
 

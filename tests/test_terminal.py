@@ -47,6 +47,16 @@ def test_a_pipe_gets_plain_lines(tmp_path: Path):
     assert log == lines
 
 
+def test_the_closing_line_does_not_repeat_the_last_one_with_dashes(tmp_path: Path):
+    # A line at every learner step: the line the learner writes as the run ends comes right after
+    # one, with no new steps (no rate, no return to show).
+    result = run_cli("train", *SHORT, "--log-interval-s", "0.001", "--out", str(tmp_path / "run"), check=True)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    steps = [int(line.split(" steps ")[1].split("(")[0].replace(",", "")) for line in lines]
+    assert len(lines) > 10 and steps == sorted(set(steps)) and steps[-1] >= 20000, lines[-3:]
+    assert [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if line.startswith("[")] == lines
+
+
 def test_help_answers_fast_without_loading_envs():
     began = time.monotonic()
     result = run_cli("train", "--help", check=True)
