@@ -37,7 +37,7 @@ RETURN_BLOCK = 100  # episodes per mean return when comparing a run's best with 
 FALL_SHARE = 0.25  # a fall of at least this share of the rise before it
 FALL_ERRORS = 4  # ... and of at least this many standard errors
 # Versions: below this the lag study saw neither the return nor the value error move
-# (docs/results.md#policy-lag-against-value-error-claim-6-of-the-source-documents).
+# (docs/studies.md#policy-lag-against-value-error-claim-6-of-the-source-documents).
 LAG_LIMIT = 20
 
 

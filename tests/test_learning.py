@@ -50,7 +50,7 @@ def best_of_two_seeds(tmp_path: Path, bar: float, *args: str, stop_at_bar: bool 
 @pytest.mark.parametrize("algo", ["impala", "impact"])
 def test_cartpole_reaches_450_on_every_seed(tmp_path: Path, algo: str, seed: int):
     """The README's command: each preset reaches 450 within 500k steps on each seed (seeds 1-10,
-    alone and beside another run: docs/results.md#cartpole-v1-impala-and-impact-to-450). The
+    alone and beside another run: docs/studies.md#cartpole-v1-impala-and-impact-to-450). The
     whole budget, because the agent is evaluated after: stopped once its last 100 episodes
     reached 450, an IMPACT agent once scored 141 over the 20 episodes (its newest weights in a dip).
     Greedily: sampling its actions, a final IMPALA agent of seed 2 once scored 379 in CI; in five

@@ -313,7 +313,7 @@ def _build_obs_norm(observation_space: gym.Space) -> RunningNorm:
     per-pixel mean only, scaled like the torso's frames (1/255). Centred frames keep a first
     convolution's units alive: on frames that barely change, an uncentred filter's response is
     its weights' sum times the background, which updates that move all its weights one way push
-    below zero on every frame for good (docs/results.md#pong-the-dying-first-convolution)."""
+    below zero on every frame for good (docs/studies.md#pong-the-dying-first-convolution)."""
     if isinstance(observation_space, gym.spaces.Box) and len(observation_space.shape) == 1 \
             and np.issubdtype(observation_space.dtype, np.floating):
         return RunningNorm(observation_space.shape)
