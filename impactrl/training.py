@@ -22,7 +22,7 @@ from impactrl.metrics import MetricsWriter
 from impactrl.models.torsos import learner_channels_last
 from impactrl.runtime import get_runtime
 from impactrl.runtime.learner import Learner, LearnerCounters
-from impactrl.runtime.synthetic import Synthetic
+from impactrl.runtime.actor import ActorProgram, ENV_ACTORS
 
 
 @contextlib.contextmanager
@@ -86,14 +86,14 @@ def start_wandb(config: TrainConfig, run_dir: Path):
 
 
 def train(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, quiet: bool = False,
-          synthetic: Synthetic | None = None) -> LearnerCounters:
-    """Run ``config`` on its runtime (with ``synthetic`` actors: ``impactrl bench --synthetic-actors``)."""
+          program: ActorProgram = ENV_ACTORS) -> LearnerCounters:
+    """Run ``config`` on its runtime, its actor processes running ``program`` (``impactrl bench
+    --synthetic-actors`` gives its simulated actors)."""
     writer = MetricsWriter(run_dir, config.total_env_steps, terminal=None if quiet else sys.stdout,
                            wandb_run=start_wandb(config, run_dir) if config.wandb_project else None)
     finished = False
     try:
-        extra = {} if synthetic is None else {"synthetic": synthetic}
-        counters = get_runtime(config.runtime).run(config, learner, spec, run_dir, writer, **extra)
+        counters = get_runtime(config.runtime).run(config, learner, spec, run_dir, writer, program)
         finished = True
         return counters
     except (KeyboardInterrupt, ActorFailed, LearnerFailed, TrainingDiverged, RunDirFailed) as error:

@@ -1,7 +1,8 @@
 """Runtimes move data and processes; the actor and learner loops are the same for all of them.
 
-Each runtime module exposes ``run(config, learner, spec, run_dir, writer) -> LearnerCounters``:
-it builds its own rollout storage from ``spec``, starts the actors, runs ``run_learner`` and
+Each runtime module exposes ``run(config, learner, spec, run_dir, writer, program) -> LearnerCounters``:
+it builds its own rollout storage from ``spec``, starts actor processes that run ``program``
+(runtime/actor.py's ``ActorProgram``), runs the learner loop (``supervision.supervise``) and
 stops everything. It may also expose ``preflight(config)``, which raises UserError for what only
 it can check (is it installed, can the cluster hold the actors) before anything starts.
 ``--runtime`` picks one by name from ``RUNTIMES``; modules load on demand.

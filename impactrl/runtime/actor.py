@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ import torch
 from impactrl.acting import Acting
 from impactrl.build import env_tasks, make_agent, make_training_envs, run_tasks
 from impactrl.config import TrainConfig
-from impactrl.data.rollout import ACTOR_STAGES, FramePacker, FrameRoomExceeded, UnrollRecord
+from impactrl.data.rollout import ACTOR_STAGES, FramePacker, FrameRoomExceeded, RolloutSpec, UnrollRecord
 from impactrl.envs import EnvVector
 from impactrl.errors import EnvBroken
 from impactrl.models import Agent
@@ -68,6 +68,41 @@ class RolloutSink(Protocol):
 
     def heartbeat(self) -> None:
         """Tell the runtime this actor is alive and not hung (once per unroll and in every wait)."""
+
+
+class StartArgs(NamedTuple):
+    """What a new actor process starts its loop with."""
+
+    generation: int  # of its seeds: never one used before (ActorHandle.next_generation)
+    reward_stats: np.ndarray | None  # its reward normalisers as of its last consumed unroll
+    committed_with: int | None = None  # run_actor's: the publication its predecessor's last received unroll used
+
+
+class ActorProgram(Protocol):
+    """What an actor process runs for its ``actors_per_process`` actors, whatever the runtime: the
+    runtimes start the processes and hand them their channels; ``EnvActors`` steps envs, and
+    ``impactrl bench --synthetic-actors`` plugs its replaying actors in here (runtime/synthetic.py)."""
+
+    actors_per_process: int
+
+    def run(self, config: TrainConfig, spec: RolloutSpec, actor_ids: list[int], start: StartArgs,
+            weights: WeightSource, sinks: list, should_stop: Callable[[], bool], wait: Callable[[float], None]) -> None:
+        """Write unrolls into ``sinks`` (one per actor id) until ``should_stop``; ``wait(timeout)``
+        blocks until a slot may have come free."""
+
+
+class EnvActors:
+    """The actors of a training run: one per process, ``run_actor`` on its envs."""
+
+    actors_per_process = 1
+
+    def run(self, config: TrainConfig, spec: RolloutSpec, actor_ids: list[int], start: StartArgs,
+            weights: WeightSource, sinks: list, should_stop: Callable[[], bool], wait: Callable[[float], None]) -> None:
+        run_actor(config, actor_ids[0], weights, sinks[0], should_stop, start.generation, start.reward_stats,
+                  start.committed_with)
+
+
+ENV_ACTORS = EnvActors()  # every runtime's default program
 
 
 class EnvFailed(Exception):

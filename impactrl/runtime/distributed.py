@@ -14,19 +14,23 @@ reduction:
   (``mean_std``); PPO's minibatch permutations and IMPACT's buffer draws come from generators
   seeded alike; IMPACT's target refreshes go by the update count;
 - the loop's decisions (stop, checkpoint, whether every learner has the data for the next step):
-  one small all-reduce per loop round (``agree``), with learner 0's votes deciding when to stop;
+  one small all-reduce per loop round (``agree`` of a ``Round``; runtime/lockstep.py), with
+  learner 0's deciding when to stop;
 - initial weights and optimiser state: every learner starts from learner 0's state.
 
-``SingleLearner`` is the no-op form (one learner: every reduction is the identity), so the learner
-code is the same for one learner and for N. A collective that fails (a peer died, or was silent
+``LearnerGroup`` is the no-op form (one learner: every reduction is the identity), so the
+learner's SGD step is the same for one learner and for N; only the loop differs (one learner runs
+``LearnerLoop`` with no agreement at all). A collective that fails (a peer died, or was silent
 for ``PEER_TIMEOUT_S``) raises what the runtime's ``PeerWatch`` makes of it: on learner 0, one
 line naming the learner, its pid and how it ended.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -38,10 +42,19 @@ import torch.distributed as dist
 # connections and is noticed at once.
 PEER_TIMEOUT_S = 300.0
 
-# The loop's votes in ``agree``, reduced by MAX: learner 0's ``stop``, ``checkpoint`` and
-# ``wall_time_progress`` decide (the others vote 0); ``failed``, ``not_ready`` and ``not_holding``
-# are any learner's.
-VOTES = ("stop", "failed", "checkpoint", "not_ready", "not_holding", "wall_time_progress")
+@dataclass(frozen=True)
+class Round:
+    """One lockstep round's decisions, agreed by ``agree`` as the maximum over the learners:
+    learner 0's ``stop``, ``checkpoint`` and ``wall_time_progress`` decide (the others give 0);
+    ``failed`` (a learner's health check raised), ``not_ready`` (a learner that needs a batch has
+    none) and ``not_holding`` (a learner holds no batch) are any learner's."""
+
+    stop: bool
+    failed: bool
+    checkpoint: bool
+    not_ready: bool
+    not_holding: bool
+    wall_time_progress: float
 
 
 class PeerWatch(Protocol):
@@ -77,9 +90,9 @@ class LearnerGroup:
         """The mean and unbiased standard deviation of ``values`` over every learner's shard (equal sizes)."""
         return values.mean(), values.std()
 
-    def agree(self, votes: dict[str, float]) -> dict[str, float]:
-        """Every learner's ``votes`` (``VOTES``), reduced by their maximum."""
-        return votes
+    def agree(self, proposal: Round) -> Round:
+        """Every learner's ``proposal``, reduced field by field to the maximum."""
+        return proposal
 
     def failure(self, error: BaseException | None) -> BaseException:
         """What to raise when the run stops for a failure elsewhere (never, alone)."""
@@ -154,12 +167,13 @@ class DistributedGroup(LearnerGroup):
         square = self._all_reduce((values.double() - mean).square().sum().reshape(1))[0]
         return mean.to(values.dtype), (square / max(count - 1, 1)).sqrt().to(values.dtype)
 
-    def agree(self, votes: dict[str, float]) -> dict[str, float]:
+    def agree(self, proposal: Round) -> Round:
         if self.watch is not None:
             self.watch.check()
-        tensor = torch.tensor([float(votes[name]) for name in VOTES], dtype=torch.float64, device=self.device)
+        names = [field.name for field in dataclasses.fields(Round)]
+        tensor = torch.tensor([float(getattr(proposal, name)) for name in names], dtype=torch.float64, device=self.device)
         self._all_reduce(tensor, dist.ReduceOp.MAX)
-        return dict(zip(VOTES, tensor.tolist()))
+        return Round(**{name: type(getattr(proposal, name))(value) for name, value in zip(names, tensor.tolist())})
 
     def failure(self, error: BaseException | None) -> BaseException:
         return self.watch.failure(error) if self.watch is not None else PeerStopped()

@@ -12,7 +12,7 @@ and the loop is::
     return of the last 100 episodes reaches stop_at_return:                    (StopConditions)
         while the budget lasts, if the algorithm wants data (or takes a batch   (intake)
         that is ready now, IMPACT --buffer-fetch ready):
-            batch = source.next_batch()      # its time: receive and assemble in time/learner_*
+            batch = source.next_batch()      # its wait: time/learner_receive_fraction
             record policy lag (updates - behaviour version) and data age per unroll; with   (take)
                 max_policy_lag, drop the unrolls older than that
             hand the batch to the algorithm (its env steps now count as consumed)
@@ -23,9 +23,13 @@ and the loop is::
         every log interval: one metrics line, checked by the diagnostic rules   (Telemetry)
         every checkpoint interval: a checkpoint                                  (Checkpointer)
 
+The learner thread owns every counter: what other threads see (the collector's actor restarts
+and the env errors of failed actors) reaches it through ``CounterInbox``, which the loop empties
+at each step. Runtimes get ``Learner.link()``: the values and calls their actor side needs.
+
 With ``--num-learners N`` every learner runs this loop in lockstep, each on its share of every
-batch: each round begins with one agreement between them (``LearnerLoop.agree``), and the SGD
-step reduces their gradients (``Learner.update``; runtime/distributed.py).
+batch (``runtime/lockstep.py``: one agreement per round), and the SGD step reduces their
+gradients (``Learner.update``; runtime/distributed.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,7 +51,7 @@ from impactrl.algos import make_algorithm
 from impactrl.algos.base import Algorithm, LossExtras, make_optimizer, to_floats
 from impactrl.checkpoint import checkpoint_dir, restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
-from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, BatchAssembler, keep_unrolls, restack_frames, to_device
+from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, keep_unrolls, restack_frames, to_device
 from impactrl.diagnostics import LiveDiagnostics
 from impactrl.envs.tasks import reward_threshold, task_ids, task_labels
 from impactrl.errors import RunDirFailed, TrainingDiverged
@@ -56,8 +61,6 @@ from impactrl.runtime.distributed import LearnerGroup
 
 
 class BatchSource(Protocol):
-    assembler: BatchAssembler  # where received unrolls become batches; its ``seconds`` are the assembly time
-
     def next_batch(self, timeout_s: float) -> tuple[Batch, dict[str, torch.Tensor]] | None:
         """A batch ``[T(+1), B, ...]`` and per-unroll metadata, or None after ``timeout_s``."""
 
@@ -82,11 +85,51 @@ class LearnerCounters:
     recent_returns: list[float] = field(default_factory=list)  # the last RETURN_WINDOW episodes' returns
 
 
-# Where the learner's time goes: waiting for unrolls, copying them into batches, moving batches to
-# the device (and rebuilding stacked frames), the algorithm's work (SGD steps), publishing weights.
-LEARNER_STAGES = ("receive", "assemble", "transfer", "train", "publish")
+# Where the learner thread's time goes: waiting for a batch (the collector thread assembles them
+# beside its steps), moving batches to the device (and rebuilding stacked frames), the
+# algorithm's work (SGD steps), publishing weights.
+LEARNER_STAGES = ("receive", "transfer", "train", "publish")
 
 RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
+
+
+class CounterInbox:
+    """Counts that threads other than the learner's report (the collector's actor restarts, the
+    env errors of actors that failed), added to the counters by the learner thread alone."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._restarts: list[int] = []
+        self._env_errors = 0
+
+    def restart(self, actor_id: int) -> None:
+        with self._lock:
+            self._restarts.append(actor_id)
+
+    def env_errors(self, count: int) -> None:
+        with self._lock:
+            self._env_errors += count
+
+    def apply_to(self, counters: LearnerCounters) -> None:
+        """On the learner thread: add what came since the last call."""
+        with self._lock:
+            restarts, self._restarts = self._restarts, []
+            env_errors, self._env_errors = self._env_errors, 0
+        counters.env_errors += env_errors
+        for actor_id in restarts:
+            counters.actor_restarts += 1
+            counters.actor_restarts_by_id[str(actor_id)] = counters.actor_restarts_by_id.get(str(actor_id), 0) + 1
+
+
+@dataclass(frozen=True)
+class LearnerLink:
+    """What a runtime's actor side needs of the learner, safe to use from the collector thread."""
+
+    device: torch.device  # where batches go (pinned host memory for CUDA)
+    rank: int  # the learner's, with several learners (0 alone)
+    updates: Callable[[], int]  # the policy version now: a new actor process's seed generation is past it
+    reward_stats_of: Callable[[int], np.ndarray | None]  # an actor's reward normalisers, for its restart
+    inbox: CounterInbox  # where the actor side reports restarts and env errors
 
 
 class Learner:
@@ -105,6 +148,7 @@ class Learner:
         self.first_layer = next(agent.torso.parameters())
         self._first_layer_steps: list[torch.Tensor] = []  # on the device until a metrics line: no sync per step
         self.counters = LearnerCounters()
+        self.inbox = CounterInbox()
         self.group = LearnerGroup()  # alone until join
         self._unseen_obs: list[torch.Tensor] = []
         self.skipped_in_a_row = 0
@@ -123,6 +167,9 @@ class Learner:
         if self.reward_stats is None or actor_id >= len(self.reward_stats):
             return None
         return self.reward_stats[actor_id].numpy().copy()
+
+    def link(self) -> LearnerLink:
+        return LearnerLink(self.device, self.group.rank, lambda: self.counters.updates, self.reward_stats_of, self.inbox)
 
     def record_unrolls(self, meta: dict[str, torch.Tensor]) -> None:
         """Take in what actors reported with a batch's unrolls: env faults, reward normalisers."""
@@ -352,7 +399,7 @@ class Telemetry:
             "updates_skipped": counters.updates_skipped,
             "unrolls_dropped": counters.unrolls_dropped,
             **summary,
-            "time/learner_wait_fraction": (stages["receive"] + stages["assemble"]) / elapsed,
+            "time/learner_wait_fraction": stages["receive"] / elapsed,
             **{f"time/learner_{stage}_fraction": seconds / elapsed for stage, seconds in stages.items()},
         }
         if self.last_obs is not None:
@@ -432,23 +479,19 @@ class StopConditions:
         return (config.stop_at_return is not None and len(returns) == RETURN_WINDOW
                 and float(np.mean(returns)) >= config.stop_at_return)
 
-    def reached(self) -> bool:
-        """Also moves the learning-rate schedule along the wall-time budget."""
+    def wall_time_progress(self) -> float:
+        """The share of ``max_wall_time_s`` spent (0 without one): where the learning-rate schedule is."""
         limit = self.learner.config.max_wall_time_s
-        if limit is not None:
-            self.learner.wall_time_progress = 1.0 - (self.deadline - time.monotonic()) / limit
+        return 0.0 if limit is None else 1.0 - (self.deadline - time.monotonic()) / limit
+
+    def reached(self) -> bool:
         return ((not self.budget_left() and not self.learner.algorithm.owes_updates())
                 or time.monotonic() >= self.deadline or self.return_reached())
 
 
 class LearnerLoop:
-    """The learner loop of the module docstring, as ``step()`` over its named parts.
-
-    With several learners (``runtime/distributed.py``) each runs this loop in lockstep: each round
-    they agree (one small all-reduce) on whether to stop (learner 0 decides, and any learner's
-    failure stops all), whether every one of them has the data for the next SGD step, and whether
-    to checkpoint, so that they take the same steps and checkpoint the same state. A batch that
-    came is held until all can take theirs."""
+    """The learner loop of the module docstring, for one learner: ``step()`` reads top to bottom.
+    (Several learners run ``runtime/lockstep.py``'s subclass, which agrees on each step first.)"""
 
     def __init__(self, learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
                  writer: MetricsWriter, check_health: Callable[[], None]):
@@ -459,9 +502,30 @@ class LearnerLoop:
         self.checkpointer = Checkpointer(learner, run_dir, start)
         self.stop = StopConditions(learner)
         self.published = learner.counters.updates  # the version actors have, at most publish_interval behind
-        self.held: tuple[Batch, dict[str, torch.Tensor]] | None = None  # came, not yet handed to the algorithm
-        self.failure: BaseException | None = None  # with several learners: raised once all have checkpointed
-        self.peer_failed = False  # some learner failed: the run stops
+
+    def step(self) -> bool:
+        """The actors' health, the stop conditions, then: next batch → add → SGD step → publish →
+        metrics → checkpoint, each when due. False once the run is to end."""
+        self.check_health()
+        self.learner.inbox.apply_to(self.learner.counters)
+        if self.stop.reached():
+            return False
+        self.learner.wall_time_progress = self.stop.wall_time_progress()
+        item = self.intake()
+        if item is not None:
+            self.take(*item)
+        elif self.waiting_for_data():
+            return True  # none came within the wait: check health and the stop conditions again
+        self.train()
+        if self.telemetry.due():
+            self.telemetry.write()
+        if self.checkpointer.due():
+            self.checkpointer.save()
+        return True
+
+    def waiting_for_data(self) -> bool:
+        """The algorithm cannot take an SGD step before a fresh batch comes, and one is still due."""
+        return self.learner.algorithm.wants_data() and self.stop.budget_left()
 
     def intake(self) -> tuple[Batch, dict[str, torch.Tensor]] | None:
         """The next batch when the algorithm wants one (or takes one that is ready now), while the
@@ -470,11 +534,9 @@ class LearnerLoop:
         must_wait = algorithm.wants_data()
         if not self.stop.budget_left() or not (must_wait or algorithm.takes_ready_data()):
             return None
-        began, assembled = time.perf_counter(), self.source.assembler.seconds
+        began = time.perf_counter()
         item = self.source.next_batch(timeout_s=1.0 if must_wait else 0.0)
-        copying = self.source.assembler.seconds - assembled
-        stages["assemble"] += copying
-        stages["receive"] += max(0.0, time.perf_counter() - began - copying)
+        stages["receive"] += time.perf_counter() - began
         return item
 
     def take(self, batch: Batch, meta: dict[str, torch.Tensor]) -> None:
@@ -511,52 +573,8 @@ class LearnerLoop:
         self.weights.publish(self.learner.agent, self.learner.counters.updates)
         self.published = self.learner.counters.updates
 
-    def checked(self) -> bool:
-        """The runtime's health check; False after a failure. Alone it raises at once; with several
-        learners it is voted first, so that every learner checkpoints before the run stops."""
-        try:
-            self.check_health()
-        except BaseException as error:
-            if self.learner.group.size == 1:
-                raise
-            self.failure = error
-        return self.failure is None
-
-    def agree(self) -> dict[str, float]:
-        """This round's decisions, the same on every learner (``distributed.VOTES``); receives a
-        batch first if the algorithm needs one and the run goes on."""
-        algorithm, leader = self.learner.algorithm, self.learner.group.rank == 0
-        healthy = self.checked()
-        stopping = leader and self.stop.reached()
-        if healthy and not stopping and self.held is None:
-            self.held = self.intake()
-        need = algorithm.wants_data() and self.stop.budget_left()
-        return self.learner.group.agree({
-            "stop": float(stopping), "failed": float(not healthy),
-            "checkpoint": float(leader and self.checkpointer.due()),
-            "not_ready": float(need and self.held is None), "not_holding": float(self.held is None),
-            "wall_time_progress": self.learner.wall_time_progress if leader else 0.0,
-        })
-
-    def step(self) -> bool:
-        """One round: health, intake, one SGD step once every learner has its data, metrics and
-        checkpoints when due. False once the run is to end."""
-        decision = self.agree()
-        self.peer_failed = bool(decision["failed"])
-        if decision["stop"] or self.peer_failed:
-            return False
-        self.learner.wall_time_progress = decision["wall_time_progress"]
-        if self.held is not None and (self.learner.algorithm.wants_data() or not decision["not_holding"]):
-            self.take(*self.held)
-            self.held = None
-        if decision["not_ready"]:
-            return True  # a batch (some learner's) did not come within the wait: check health and stop again
-        self.train()
-        if self.telemetry.due():
-            self.telemetry.write()
-        if decision["checkpoint"]:
-            self.checkpointer.save()
-        return True
+    def ended(self) -> None:
+        """After the last step: nothing to do alone (lockstep raises a peer's failure here)."""
 
     def run(self) -> LearnerCounters:
         counters = self.learner.counters
@@ -564,15 +582,16 @@ class LearnerLoop:
         try:
             while self.step():
                 pass
-            if self.peer_failed:
-                raise self.failure or self.learner.group.failure(None)
+            self.ended()
         except BaseException as error:
             # Interrupted (Ctrl-C, a failed actor, a lost learner): a last metrics line counts what
             # went wrong (restarts, env errors), and a checkpoint keeps what was learned for --resume.
+            self.learner.inbox.apply_to(counters)
             if not isinstance(error, RunDirFailed):
                 self.telemetry.write()
             self.checkpointer.save()
             raise
+        self.learner.inbox.apply_to(counters)
         if self.learner.group.rank == 0 and self.stop.return_reached():
             self.writer.message(f"the mean return of the last {RETURN_WINDOW} episodes, "
                                 f"{np.mean(counters.recent_returns):.2f}, reached --stop-at-return "
@@ -580,9 +599,3 @@ class LearnerLoop:
         self.telemetry.write()
         self.checkpointer.save()
         return counters
-
-
-def run_learner(learner: Learner, source: BatchSource, weights: WeightSink, run_dir: Path,
-                writer: MetricsWriter, check_health: Callable[[], None]) -> LearnerCounters:
-    """Train until ``total_env_steps`` are consumed; see the module docstring."""
-    return LearnerLoop(learner, source, weights, run_dir, writer, check_health).run()

@@ -37,11 +37,12 @@ from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec
 from impactrl.errors import LearnerFailed, UserError
 from impactrl.metrics import MetricsWriter
+from impactrl.runtime.actor import ActorProgram
 from impactrl.runtime.distributed import DistributedGroup, PeerStopped
 from impactrl.runtime.learner import Learner, LearnerCounters, checkpoint_name, learner_part_dir
-from impactrl.runtime.synthetic import Synthetic
+from impactrl.runtime.supervision import exit_with_parent
 
-RunOne = Callable[..., LearnerCounters]  # a runtime's run_one_learner(config, learner, spec, run_dir, writer, synthetic)
+RunOne = Callable[..., LearnerCounters]  # a runtime's run_one_learner(config, learner, spec, run_dir, writer, program)
 
 # How long learner 0 waits for the others to end: after a failure they checkpoint first.
 EXIT_WAIT_S = 30.0
@@ -55,6 +56,7 @@ def process_stopped(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] in "Tt"
+
 
 class PeerWriter:
     """A learner other than 0's stand-in for the run's MetricsWriter: its lines go to ``say``
@@ -76,21 +78,21 @@ class PeerWriter:
 class LocalLearners:
     """Learner 0's view of learners 1..N-1: their processes and the pipes their lines come by (a ``PeerWatch``)."""
 
-    def __init__(self, config: TrainConfig, writer: MetricsWriter):
-        self.config, self.writer = config, writer
+    def __init__(self, config: TrainConfig, writer: MetricsWriter, run_one: RunOne):
+        self.config, self.writer, self.run_one = config, writer, run_one
         self.processes: dict[int, mp.Process] = {}
         self.reports: dict[int, Connection] = {}
         self.errors: dict[int, str] = {}
 
     def start(self, host: str, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
-              synthetic: Synthetic | None) -> None:
+              program: ActorProgram) -> None:
         ctx = mp.get_context("spawn")
         state = state_bytes(learner)
         for rank in range(1, self.config.num_learners):
             self.reports[rank], sender = ctx.Pipe(duplex=False)
             process = ctx.Process(target=learner_process, name=f"impactrl-learner-{rank}",
-                                  args=(self.config, rank, host, port, state, parts[rank], learner.learn, run_dir, synthetic,
-                                        sender, os.getpid()))
+                                  args=(self.config, rank, host, port, state, parts[rank], learner.learn, run_dir, program,
+                                        self.run_one, sender, os.getpid()))
             process.start()
             sender.close()  # only the learner keeps it: its death closes the pipe
             self.processes[rank] = process
@@ -193,7 +195,7 @@ class Peers(Protocol):
     cluster): a ``PeerWatch`` that can also start and stop them."""
 
     def start(self, host: str, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
-              synthetic: Synthetic | None) -> None:
+              program: ActorProgram) -> None:
         """Start learner r (1..N-1) from learner 0's state and its own checkpoint part ``parts[r]``;
         they meet at learner 0's store, ``host:port``."""
 
@@ -206,16 +208,16 @@ class Peers(Protocol):
 
 
 def run_learners(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
-                 synthetic: Synthetic | None, peers: Peers, run_one: RunOne, host: str = "127.0.0.1") -> LearnerCounters:
+                 program: ActorProgram, peers: Peers, run_one: RunOne, host: str = "127.0.0.1") -> LearnerCounters:
     """Learner 0 here, with learners 1..N-1 started beside it by ``peers``; ``run_one`` runs one
     learner with its actors (the runtime's); see the module docstring."""
     group = DistributedGroup(0, config.num_learners, 0, learner.device, watch=peers)
     try:
         checkpoint_dir(run_dir).mkdir(exist_ok=True)  # the others write their parts inside it
-        peers.start(host, group.port, learner, checkpoint_parts(config, learner, run_dir, writer), run_dir, synthetic)
+        peers.start(host, group.port, learner, checkpoint_parts(config, learner, run_dir, writer), run_dir, program)
         group.join()
         learner.join(group)
-        return run_one(config, learner, spec, run_dir, writer, synthetic)
+        return run_one(config, learner, spec, run_dir, writer, program)
     finally:
         # Leave the group first: a learner still waiting in a collective (learner 0 failed between
         # two) then fails at once and ends, checkpointed, instead of being killed after EXIT_WAIT_S.
@@ -224,7 +226,7 @@ def run_learners(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_d
 
 
 def run_other_learner(config: TrainConfig, rank: int, host: str, port: int, state: bytes, part: Path | None,
-                      learn: bool, run_dir: Path, synthetic: Synthetic | None, writer, run_one: RunOne) -> None:
+                      learn: bool, run_dir: Path, program: ActorProgram, writer, run_one: RunOne) -> None:
     """Learner ``rank`` (> 0), wherever it runs: learner 0's state, its own part of the checkpoint,
     its actors, the loop. PeerStopped when another learner ended the run."""
     from impactrl.training import build_learner
@@ -242,21 +244,20 @@ def run_other_learner(config: TrainConfig, rank: int, host: str, port: int, stat
     group.join()
     learner.join(group)
     try:
-        run_one(config, learner, spec, run_dir, writer, synthetic)
+        run_one(config, learner, spec, run_dir, writer, program)
     finally:
         group.close()
 
 
 def learner_process(config: TrainConfig, rank: int, host: str, port: int, state: bytes, part: Path | None, learn: bool,
-                    run_dir: Path, synthetic: Synthetic | None, reports: Connection, parent_pid: int) -> None:
-    """Learner ``rank`` (> 0) as a process of the local runtime."""
-    from impactrl.runtime.local import exit_with_parent, run_one_learner
-
+                    run_dir: Path, program: ActorProgram, run_one: RunOne, reports: Connection,
+                    parent_pid: int) -> None:
+    """Learner ``rank`` (> 0) as a process of the local runtime, running ``run_one`` (the local runtime's)."""
     exit_with_parent(parent_pid)
     os.setpgrp()  # out of the terminal's process group: Ctrl-C is learner 0's to handle, and it stops everyone
     try:
         writer = PeerWriter(lambda text: reports.send(("message", text)))
-        run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, writer, run_one_learner)
+        run_other_learner(config, rank, host, port, state, part, learn, run_dir, program, writer, run_one)
     except PeerStopped:
         return
     except BaseException as error:  # noqa: BLE001 - whatever it was, learner 0 says it in one line

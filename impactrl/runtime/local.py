@@ -22,10 +22,8 @@ everywhere), so a SIGKILLed learner leaves no processes behind.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import sys
 import time
 import traceback
 from collections import deque
@@ -43,13 +41,13 @@ from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, Unroll
 from impactrl.errors import ActorFailed, EnvBroken
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
-from impactrl.runtime.actor import run_actor
+from impactrl.runtime.actor import ActorProgram, ENV_ACTORS, StartArgs
 from impactrl.runtime.distributed import learner_actor_ids
-from impactrl.runtime.learner import Learner, LearnerCounters
+from impactrl.runtime.learner import Learner, LearnerCounters, LearnerLink
 from impactrl.runtime.robust_lock import RobustLock
-from impactrl.runtime.supervision import (ActorHandle, Supervision, learner_threads, oom_kills, resident_mib,
-                                         sigkill_cause, supervise)
-from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
+from impactrl.runtime.learners import LocalLearners, run_learners
+from impactrl.runtime.supervision import (ActorHandle, Supervision, exit_with_parent, learner_threads, oom_kills,
+                                         resident_mib, sigkill_cause, supervise)
 
 
 STARTUP_GRACE_S = 60.0
@@ -160,7 +158,7 @@ class SharedWeights:
         return self._published.value
 
     def version(self) -> int:
-        """The newest published version (a synthetic actor tags its unrolls with it, loading nothing)."""
+        """The newest published version (a program actor tags its unrolls with it, loading nothing)."""
         with self._section():
             return self._versions[self._published.value % 2] if self._published.value else -1
 
@@ -220,7 +218,7 @@ class ActorEndpoint:
         return self.free.popleft()
 
     def try_acquire(self) -> int | None:
-        """A free slot now, or None (a synthetic process serves several actors in turn)."""
+        """A free slot now, or None (a program process serves several actors in turn)."""
         try:
             while self.returns.poll():
                 self.free.append(self.returns.recv())
@@ -239,17 +237,6 @@ class ActorEndpoint:
         self.heartbeats[self.actor_id] = time.monotonic()
 
 
-def exit_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel SIGKILLs this process when its parent dies (a SIGKILLed learner runs no
-    cleanup of its own). Elsewhere the actor's parent check has to do."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # it died before the signal was armed
-        os._exit(0)
-
-
 def start_actor_process(stop, parent_pid: int, niceness: int) -> Callable[[], bool]:
     """What every actor process does first: exit with the learner, yield the cores to it by
     ``niceness``, leave Ctrl-C to it (it stops the actors); returns the process's should_stop (the
@@ -260,39 +247,27 @@ def start_actor_process(stop, parent_pid: int, niceness: int) -> Callable[[], bo
     return lambda: bool(stop.value) or os.getppid() != parent_pid
 
 
-def actor_process(config: TrainConfig, actor_id: int, generation: int, weights: SharedWeights, store: SlotStore,
-                  free_slots: list[int], returns: Connection, commits: Connection, heartbeats: torch.Tensor,
-                  stop, reward_stats: np.ndarray | None, committed_with: int | None, parent_pid: int) -> None:
+def actor_process(config: TrainConfig, program: ActorProgram, actor_ids: list[int], start: StartArgs,
+                  weights: SharedWeights, store: SlotStore, slots: list[list[int]], returns: list[Connection],
+                  commits: list[Connection], heartbeats: torch.Tensor, stop, parent_pid: int) -> None:
+    """One actor process: ``program`` for ``actor_ids``, each with its own slots and pipes."""
     should_stop = start_actor_process(stop, parent_pid, config.actor_niceness)
+    torch.set_num_threads(1)
     try:
-        endpoint = ActorEndpoint(store, actor_id, free_slots, returns, commits, heartbeats, should_stop)
-        weights.attach(endpoint.heartbeat, should_stop)
-        run_actor(config, actor_id, weights, endpoint, should_stop, generation, reward_stats, committed_with)
+        sinks = [ActorEndpoint(store, actor_id, own, back, out, heartbeats, should_stop)
+                 for actor_id, own, back, out in zip(actor_ids, slots, returns, commits)]
+        weights.attach(lambda: [sink.heartbeat() for sink in sinks], should_stop)
+        program.run(config, store.spec, actor_ids, start, weights, sinks, should_stop,
+                    lambda timeout: wait(returns, timeout))
     except Stopping:
         return
     except BaseException as error:
         try:
-            commits.send(("error", isinstance(error, EnvBroken), traceback.format_exc(), getattr(error, "env_errors", 0)))
+            commits[0].send(("error", isinstance(error, EnvBroken), traceback.format_exc(),
+                             getattr(error, "env_errors", 0)))
         except OSError:
             pass
         raise SystemExit(1) from error
-
-
-def synthetic_process(config: TrainConfig, synthetic: Synthetic, actor_ids: list[int], generation: int,
-                      weights: SharedWeights, store: SlotStore, slots: list[list[int]], returns: list[Connection],
-                      commits: list[Connection], heartbeats: torch.Tensor, stop, parent_pid: int) -> None:
-    """One process of simulated actors (``impactrl bench --synthetic-actors``): see runtime/synthetic.py."""
-    should_stop = start_actor_process(stop, parent_pid, config.actor_niceness)
-    torch.set_num_threads(1)
-    sinks = [ActorEndpoint(store, actor_id, own, back, out, heartbeats, should_stop)
-             for actor_id, own, back, out in zip(actor_ids, slots, returns, commits)]
-    weights.attach(lambda: [sink.heartbeat() for sink in sinks], should_stop)
-    try:
-        recorded, reward_stats = record_unrolls(config, store.spec, actor_ids[0], generation, weights,
-                                                synthetic.recorded_unrolls)
-        replay(recorded, reward_stats, sinks, weights.version, should_stop, lambda timeout: wait(returns, timeout))
-    except Stopping:
-        return
 
 
 @dataclass
@@ -310,12 +285,12 @@ class LocalActorHandle(ActorHandle):
 class LocalActors:
     """Actor processes and their channels: the learner's BatchSource, and their supervisor."""
 
-    def __init__(self, config: TrainConfig, learner: Learner, store: SlotStore, weights: SharedWeights,
-                 ctx: mp.context.BaseContext, report: Callable[[str], None], synthetic: Synthetic | None = None,
+    def __init__(self, config: TrainConfig, link: LearnerLink, store: SlotStore, weights: SharedWeights,
+                 ctx: mp.context.BaseContext, report: Callable[[str], None], program: ActorProgram = ENV_ACTORS,
                  actor_ids: list[int] | None = None):
         self.config = config
-        self.synthetic = synthetic  # actors that replay recorded unrolls, several per process
-        self.learner = learner
+        self.program = program
+        self.link = link
         self.store = store
         self.weights = weights
         self.ctx = ctx
@@ -326,10 +301,10 @@ class LocalActors:
         actor_ids = list(range(config.num_actors)) if actor_ids is None else actor_ids
         self.actors = [LocalActorHandle(i, slots=list(range(k, store.num_slots, len(actor_ids))))
                        for k, i in enumerate(actor_ids)]
-        per_process = 1 if synthetic is None else synthetic.actors_per_process
+        per_process = program.actors_per_process
         self.groups = [self.actors[i:i + per_process] for i in range(0, len(self.actors), per_process)]
-        self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
-        self.supervision = Supervision(config, learner.counters, report)
+        self.assembler = BatchAssembler(store.spec, config.slots_per_batch, pin_memory=link.device.type == "cuda")
+        self.supervision = Supervision(config, link.inbox, report)
         self._terminated_at: dict[int, float] = {}  # a group's lead actor -> when it was first seen ended by SIGTERM
         self._oom_kills = oom_kills()  # to tell an OOM kill from another SIGKILL
         self._sampled_memory_at = 0.0
@@ -337,10 +312,10 @@ class LocalActors:
 
     # --- processes ----------------------------------------------------------------------------
     def start(self, group: list[LocalActorHandle]) -> None:
-        """Start one process for the actors of ``group`` (one actor, or simulated ones)."""
+        """Start one process for the actors of ``group`` (one, or several simulated ones)."""
         readers, writers = [], []
         for actor in group:
-            actor.next_generation(self.learner.counters.updates)
+            actor.next_generation(self.link.updates())
             returns_reader, actor.returns = self.ctx.Pipe(duplex=False)
             actor.commits, commits_writer = self.ctx.Pipe(duplex=False)
             readers.append(returns_reader)
@@ -349,18 +324,11 @@ class LocalActors:
             # (a loaded machine took many seconds; a short stall timeout killed actors still starting).
             self.heartbeats[actor.actor_id] = time.monotonic() + STARTUP_GRACE_S
         lead = group[0]
-        if self.synthetic is None:
-            process = self.ctx.Process(
-                target=actor_process, name=f"impactrl-actor-{lead.actor_id}", daemon=True,
-                args=(self.config, lead.actor_id, lead.generation, self.weights, self.store, lead.slots, readers[0],
-                      writers[0], self.heartbeats, self.stop, self.learner.reward_stats_of(lead.actor_id),
-                      lead.received_with, os.getpid()))
-        else:
-            process = self.ctx.Process(
-                target=synthetic_process, name=f"impactrl-synthetic-{lead.actor_id}", daemon=True,
-                args=(self.config, self.synthetic, [actor.actor_id for actor in group], lead.generation, self.weights,
-                      self.store, [actor.slots for actor in group], readers, writers, self.heartbeats, self.stop,
-                      os.getpid()))
+        start = StartArgs(lead.generation, self.link.reward_stats_of(lead.actor_id), lead.received_with)
+        process = self.ctx.Process(
+            target=actor_process, name=f"impactrl-actor-{lead.actor_id}", daemon=True,
+            args=(self.config, self.program, [actor.actor_id for actor in group], start, self.weights, self.store,
+                  [actor.slots for actor in group], readers, writers, self.heartbeats, self.stop, os.getpid()))
         process.start()
         for actor, returns_reader, commits_writer in zip(group, readers, writers):
             actor.process = process
@@ -467,8 +435,8 @@ class LocalActors:
 
     def _receive(self, timeout_s: float) -> None:
         """Read committed unrolls until a batch is complete: one from each actor with one ready in
-        turn, starting after the actor read last. (Read in a fixed order, the first actor's
-        unrolls went first whenever it had one, and the second's waited ~100 updates.)"""
+        turn, starting after the actor read last, so that no actor's unrolls always go first
+        while the others' grow old."""
         count = len(self.actors)
         order = [(self._next_turn + k) % count for k in range(count)]
         live = {self.actors[i].commits: i for i in order if self.actors[i].commits is not None}
@@ -512,24 +480,23 @@ class LocalActors:
 
 
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
-        synthetic: Synthetic | None = None) -> LearnerCounters:
+        program: ActorProgram = ENV_ACTORS) -> LearnerCounters:
     """Start the actors (or ``synthetic`` ones), run the learner loop here until the step budget
     is spent, stop them; with several learners, start the others first (``runtime/learners.py``)."""
     if config.num_learners > 1:
-        from impactrl.runtime.learners import LocalLearners, run_learners
-        return run_learners(config, learner, spec, run_dir, writer, synthetic, LocalLearners(config, writer),
-                            run_one_learner)
-    return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
+        return run_learners(config, learner, spec, run_dir, writer, program,
+                            LocalLearners(config, writer, run_one_learner), run_one_learner)
+    return run_one_learner(config, learner, spec, run_dir, writer, program)
 
 
 def run_one_learner(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
-                    synthetic: Synthetic | None = None) -> LearnerCounters:
+                    program: ActorProgram = ENV_ACTORS) -> LearnerCounters:
     """One learner (of ``learner.group``) with its actors, its own slots and its own shared weights."""
     torch.set_num_threads(learner_threads(config))
     ctx = mp.get_context("spawn")
     store = SlotStore(spec, config.effective_rollout_slots, shared=True)
     weights = SharedWeights(learner.agent, ctx)  # actors wait for the learner loop's first publish
     group = learner.group
-    actors = LocalActors(config, learner, store, weights, ctx, writer.message, synthetic,
+    actors = LocalActors(config, learner.link(), store, weights, ctx, writer.message, program,
                          learner_actor_ids(config.num_actors, group.size, group.rank))
     return supervise(learner, actors, weights, run_dir, writer)

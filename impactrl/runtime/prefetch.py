@@ -41,17 +41,9 @@ class Actors(Protocol):
     def check_health(self) -> None: ...
 
 
-class NotOnTheLearnersThread:
-    """The assembly time the learner loop counts on its own thread: none, the collector does it."""
-
-    seconds = 0.0
-
-
 class Prefetcher:
     """A BatchSource over the runtime's ``actors`` whose batches a collector thread prepares, at
     most ``depth`` ahead of the learner, while ``budget_left()``; started by the first request."""
-
-    assembler = NotOnTheLearnersThread()
 
     def __init__(self, actors: Actors, device: torch.device, budget_left: Callable[[], bool], depth: int = 1):
         self.actors, self.device, self.budget_left = actors, device, budget_left

@@ -3,10 +3,13 @@
 - ``ActorHandle``: the learner's record of one actor that outlives its processes (its seed
   generation, its recent restarts, its last failure); each runtime extends it with its channels.
 - ``Supervision``: restarts counted against the budget (``max_actor_restarts`` per
-  ``actor_restart_window_s``) and reported in one line; the learner's waits for a batch, reported
-  once they pass ``actor_stall_timeout_s``.
+  ``actor_restart_window_s``) and reported in one line, and to the learner thread's counters
+  through its ``CounterInbox``; the learner's waits for a batch, reported once they pass
+  ``actor_stall_timeout_s``; what a SIGKILLed actor likely met (the OOM killer).
+- ``exit_with_parent``: actor and learner processes end with the process that started them.
 - ``StopRequests``: Ctrl-C, SIGTERM and SIGHUP as a flag the learner loop reads between steps.
-- ``supervise``: start the actors, run the learner loop, stop them, however it ends.
+- ``supervise``: start the actors, run the learner loop (lockstep with several learners), stop
+  them, however it ends.
 - ``learner_threads``: the learner's intra-op threads beside the actors.
 
 No runtime imports another; each imports this.
@@ -14,8 +17,10 @@ No runtime imports another; each imports this.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -28,12 +33,12 @@ import torch
 from impactrl.config import TrainConfig
 from impactrl.errors import ActorFailed
 from impactrl.metrics import MetricsWriter
-from impactrl.runtime.learner import BatchSource, Learner, LearnerCounters, WeightSink, run_learner
+from impactrl.runtime.learner import BatchSource, CounterInbox, Learner, LearnerCounters, LearnerLoop, WeightSink
+from impactrl.runtime.lockstep import LockstepLearnerLoop
 from impactrl.runtime.prefetch import Prefetcher
 
 
-def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int, recent: deque,
-                  failure: str) -> int:
+def count_restart(config: TrainConfig, actor_id: int, recent: deque, failure: str) -> int:
     """Count a restart of ``actor_id`` against the budget (``max_actor_restarts`` within
     ``actor_restart_window_s``; ``recent`` holds the times of its restarts); ActorFailed, naming
     the actor and ``failure``, when the budget is spent. Returns its restarts in the window."""
@@ -45,9 +50,18 @@ def count_restart(config: TrainConfig, counters: LearnerCounters, actor_id: int,
                           f"{config.actor_restart_window_s:g} s (--max-actor-restarts {config.max_actor_restarts}, "
                           f"--actor-restart-window-s {config.actor_restart_window_s:g})")
     recent.append(now)
-    counters.actor_restarts += 1
-    counters.actor_restarts_by_id[str(actor_id)] = counters.actor_restarts_by_id.get(str(actor_id), 0) + 1
     return len(recent)
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel SIGKILLs this process when its parent dies (a SIGKILLed learner runs no
+    cleanup of its own). Elsewhere the actor's parent check has to do."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before the signal was armed
+        os._exit(0)
 
 
 def resident_mib(pid: int) -> float | None:
@@ -118,8 +132,8 @@ class ActorHandle:
 class Supervision:
     """Restart budget and long-wait reports, with ``report`` (a line for the user)."""
 
-    def __init__(self, config: TrainConfig, counters: LearnerCounters, report: Callable[[str], None]):
-        self.config, self.counters, self.report = config, counters, report
+    def __init__(self, config: TrainConfig, inbox: CounterInbox, report: Callable[[str], None]):
+        self.config, self.inbox, self.report = config, inbox, report
         self.waited_s = 0.0  # in next_batch since the last batch
         self.wait_reported = False
 
@@ -128,16 +142,17 @@ class Supervision:
         ``detail`` (its last error line). ActorFailed, ending with ``trace``, when the budget is spent."""
         config = self.config
         try:
-            restarts = count_restart(config, self.counters, actor.actor_id, actor.restarts, failure)
+            restarts = count_restart(config, actor.actor_id, actor.restarts, failure)
         except ActorFailed as error:
             raise ActorFailed(f"{error}{trace}") from None
+        self.inbox.restart(actor.actor_id)
         self.report(f"actor {actor.actor_id} {failure}{': ' + detail if detail else ''}; {how} with the latest "
                     f"weights ({restarts} of {config.max_actor_restarts} restarts allowed in "
                     f"{config.actor_restart_window_s:g} s)")
 
     def env_errors(self, count: int) -> None:
         """Env faults an actor had when it failed, which no committed unroll reported."""
-        self.counters.env_errors += count
+        self.inbox.env_errors(count)
 
     def waited(self, seconds: float, filling: int, state: Callable[[], str]) -> None:
         """``next_batch`` returned nothing after ``seconds``; past the stall timeout (once per wait),
@@ -194,7 +209,7 @@ class Actors(BatchSource, Protocol):
         """Start every actor, or stop starting them once ``should_stop``."""
 
     def check_health(self) -> None:
-        """Between learner steps: restart failed actors; ActorFailed when one cannot go on."""
+        """On the collector thread (runtime/prefetch.py): restart failed actors; ActorFailed when one cannot go on."""
 
     def stop_all(self) -> None:
         """Stop every actor started (also after a failure)."""
@@ -220,7 +235,8 @@ def supervise(learner: Learner, actors: Actors, weights: WeightSink, run_dir: Pa
             stops.deferred = True
             actors.start_all(lambda: stops.requested)
             stops.deferred = False
-            return run_learner(learner, source, weights, run_dir, writer, check_health)
+            loop = LearnerLoop if learner.group.size == 1 else LockstepLearnerLoop
+            return loop(learner, source, weights, run_dir, writer, check_health).run()
         finally:
             stops.deferred = True
             source.stop()

@@ -16,13 +16,21 @@ import numpy as np
 
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import ACTOR_STAGES, RolloutSpec, SlotStore, UnrollRecord
-from impactrl.runtime.actor import Actor, WeightSource
+from impactrl.runtime.actor import Actor, StartArgs, WeightSource
 
 
 @dataclass(frozen=True)
 class Synthetic:
+    """An ``ActorProgram`` (runtime/actor.py): ``actors_per_process`` simulated actors per process."""
+
     actors_per_process: int
     recorded_unrolls: int = 4  # replayed in turn, so batches are not one unroll repeated
+
+    def run(self, config: TrainConfig, spec: RolloutSpec, actor_ids: list[int], start: StartArgs,
+            weights: WeightSource, sinks: list, should_stop: Callable[[], bool], wait: Callable[[float], None]) -> None:
+        recorded, reward_stats = record_unrolls(config, spec, actor_ids[0], start.generation, weights,
+                                                self.recorded_unrolls)
+        replay(recorded, reward_stats, sinks, weights.version, should_stop, wait)
 
 
 class ReplaySink(Protocol):

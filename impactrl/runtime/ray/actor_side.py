@@ -1,4 +1,4 @@
-"""The actor side: a Ray actor runs ``run_actor`` (or synthetic actors) on a thread and hands
+"""The actor side: a Ray actor runs its ``ActorProgram`` (``run_actor``, or simulated actors) on a thread and hands
 out its unrolls to the learner's ``take`` calls; weights arrive with the calls, or from the
 WeightsBoard for PPO."""
 
@@ -19,18 +19,9 @@ from impactrl.config import TrainConfig
 from impactrl.data.rollout import RolloutSpec, SlotStore, UnrollRecord
 from impactrl.errors import EnvBroken
 from impactrl.models import Agent
-from impactrl.runtime.actor import run_actor
+from impactrl.runtime.actor import ActorProgram, ENV_ACTORS, StartArgs
 from impactrl.runtime.ray.cluster import where_am_i
 from impactrl.runtime.ray.codec import WeightsMessage, apply_delta, delta_bound, received
-from impactrl.runtime.synthetic import Synthetic, record_unrolls, replay
-
-
-class StartArgs(NamedTuple):
-    """What a fresh actor process starts its loop with (used by the first take it serves)."""
-
-    generation: int
-    reward_stats: np.ndarray | None
-    committed_with: int | None = None  # run_actor's: the publication its predecessor's last received unroll used
 
 
 class TakeReply(NamedTuple):
@@ -159,7 +150,7 @@ class WeightsBoard:
 
 
 class RayActor:
-    """One process of actors: ``run_actor`` on a thread (or, with ``synthetic``, several simulated
+    """One process of actors: its ``ActorProgram`` on a thread (``run_actor``, or several simulated
     actors replaying recorded unrolls: runtime/synthetic.py), each actor's unrolls handed out by
     ``take``.
 
@@ -167,9 +158,9 @@ class RayActor:
     the WeightsBoard, since its takes are all out while it waits for one."""
 
     def __init__(self, config: TrainConfig, actor_ids: list[int], spec: RolloutSpec, in_flight: int, board=None,
-                 synthetic: Synthetic | None = None):
+                 program: ActorProgram = ENV_ACTORS):
         self.config, self.actor_ids, self.spec = config, actor_ids, spec
-        self.board, self.synthetic = board, synthetic
+        self.board, self.program = board, program
         self.weights = ObjectStoreWeightSource(delta_bound(config))
         self.outboxes = {actor_id: ObjectStoreOutbox(spec, in_flight, actor_id) for actor_id in actor_ids}
         self.failure: ActorLoopFailed | None = None
@@ -180,14 +171,8 @@ class RayActor:
     def _run(self, start: StartArgs) -> None:
         try:
             # Ray kills this process at the end of the run, so the loop never stops by itself.
-            if self.synthetic is None:
-                run_actor(self.config, self.actor_ids[0], self.weights, self.outboxes[self.actor_ids[0]], lambda: False,
-                          start.generation, start.reward_stats, start.committed_with)
-            else:
-                recorded, reward_stats = record_unrolls(self.config, self.spec, self.actor_ids[0], start.generation,
-                                                        self.weights, self.synthetic.recorded_unrolls)
-                replay(recorded, reward_stats, list(self.outboxes.values()), self.weights.version, lambda: False,
-                       lambda timeout: time.sleep(min(timeout, 0.001)))
+            self.program.run(self.config, self.spec, self.actor_ids, start, self.weights, list(self.outboxes.values()),
+                             lambda: False, lambda timeout: time.sleep(min(timeout, 0.001)))
         except BaseException as error:  # noqa: BLE001 - handed to the learner by take()
             self.failure = ActorLoopFailed(isinstance(error, EnvBroken), traceback.format_exc(),
                                            getattr(error, "env_errors", 0))

@@ -19,12 +19,14 @@ from impactrl.errors import ActorFailed
 from impactrl.metrics import MetricsWriter
 from impactrl.models import Agent
 from impactrl.runtime.distributed import learner_actor_ids
-from impactrl.runtime.learner import Learner, LearnerCounters
-from impactrl.runtime.ray.actor_side import ActorLoopFailed, RayActor, StartArgs, TakeReply, WeightsBoard
+from impactrl.runtime.learner import Learner, LearnerCounters, LearnerLink
+from impactrl.runtime.learners import run_learners
+from impactrl.runtime.actor import ActorProgram, ENV_ACTORS, StartArgs
+from impactrl.runtime.ray.actor_side import ActorLoopFailed, RayActor, TakeReply, WeightsBoard
 from impactrl.runtime.ray.cluster import cluster_room, connect, first_line, where_am_i, worker_env, write_run_info
+from impactrl.runtime.ray.learners import RayLearners
 from impactrl.runtime.ray.codec import (KEYFRAME_EVERY, WeightsMessage, apply_delta, delta_bound, delta_bytes,
                                         encode_delta, shipped)
-from impactrl.runtime.synthetic import Synthetic
 from impactrl.runtime.supervision import ActorHandle, Supervision, learner_threads, supervise
 
 
@@ -97,7 +99,7 @@ class ObjectStoreWeightSink:
 
 @dataclass
 class RayActorHandle(ActorHandle):
-    """One Ray actor: also its handle (its process may be shared: synthetic actors) and its calls."""
+    """One Ray actor: also its handle (its process may be shared: simulated actors) and its calls."""
 
     handle: object = None
     pending: set = field(default_factory=set)  # take calls out
@@ -117,20 +119,20 @@ class RayActorHandle(ActorHandle):
 class RayActors:
     """The actors on the cluster: the learner's BatchSource, and the bookkeeping of their restarts."""
 
-    def __init__(self, config: TrainConfig, learner: Learner, spec: RolloutSpec, weights: ObjectStoreWeightSink,
-                 run_dir: Path, report: Callable[[str], None], synthetic: Synthetic | None = None,
+    def __init__(self, config: TrainConfig, link: LearnerLink, spec: RolloutSpec, weights: ObjectStoreWeightSink,
+                 run_dir: Path, report: Callable[[str], None], program: ActorProgram = ENV_ACTORS,
                  actor_ids: list[int] | None = None):
-        self.config, self.learner, self.weights = config, learner, weights
-        rank = learner.group.rank  # with several learners each keeps its own record of where its actors ran
+        self.config, self.link, self.weights = config, link, weights
+        rank = link.rank  # with several learners each keeps its own record of where its actors ran
         self.run_info = run_dir / ("run_info.json" if rank == 0 else f"run_info.learner-{rank}.json")
         # Those of the run's actors that feed this learner (all of them, unless there are several learners).
         self.actor_ids = list(range(config.num_actors)) if actor_ids is None else actor_ids
-        self.supervision = Supervision(config, learner.counters, report)
-        self.synthetic = synthetic
+        self.supervision = Supervision(config, link.inbox, report)
+        self.program = program
         self.in_flight = unrolls_in_flight(config)
         self.take_at_least = take_at_least(self.in_flight, len(self.actor_ids), config.slots_per_batch)
         self.spec = spec
-        self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=learner.device.type == "cuda")
+        self.assembler = BatchAssembler(spec, config.slots_per_batch, pin_memory=link.device.type == "cuda")
         self.owner: dict = {}  # take call -> (RayActorHandle, its epoch when the call was sent)
         # PPO's actors pull each publication from a board; the rest learn it from their next take.
         self.board = None
@@ -141,8 +143,8 @@ class RayActors:
     def start_all(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Create the Ray actors (Ray starts their processes; a stop requested meanwhile ends the run
         at the learner loop's first check)."""
-        config, learner = self.config, self.learner
-        per_process = 1 if self.synthetic is None else self.synthetic.actors_per_process
+        config = self.config
+        per_process = self.program.actors_per_process
         remote = ray.remote(RayActor).options(
             num_cpus=config.ray_actor_cpus, resources=ray_actor_resources(config), max_restarts=-1,
             # every take waits in its own thread; silent_s never queues
@@ -152,8 +154,8 @@ class RayActors:
             self.board = ray.remote(WeightsBoard).options(num_cpus=0, max_concurrency=config.num_actors + 2).remote()
         for first in range(0, len(self.actor_ids), per_process):
             ids = self.actor_ids[first:first + per_process]
-            handle = remote.remote(config, ids, self.spec, self.in_flight, self.board, self.synthetic)
-            self.actors += [RayActorHandle(i, generation=learner.counters.updates, handle=handle) for i in ids]
+            handle = remote.remote(config, ids, self.spec, self.in_flight, self.board, self.program)
+            self.actors += [RayActorHandle(i, generation=self.link.updates(), handle=handle) for i in ids]
         write_run_info(self.run_info, config, self.learner_where, self.actors)
 
     def check_health(self) -> None:
@@ -222,14 +224,14 @@ class RayActors:
             if not actor.pending and room >= self.take_at_least:
                 weights = weights or self.weights.latest()
                 call = actor.handle.take.remote(
-                    actor.actor_id, StartArgs(actor.generation, self.learner.reward_stats_of(actor.actor_id),
+                    actor.actor_id, StartArgs(actor.generation, self.link.reward_stats_of(actor.actor_id),
                                               actor.received_with), weights, room)
                 actor.pending.add(call)
                 self.owner[call] = actor, actor.epoch
         if self.board is not None:
             weights = weights or self.weights.latest()
             if weights.publication > self.posted:
-                # Waited for: a post whose reference was dropped at once was lost in about one run in four.
+                # Waited for: Ray may drop a call whose returned reference is dropped at once.
                 ray.get(self.board.post.remote(weights))
                 self.posted = weights.publication
 
@@ -302,7 +304,7 @@ class RayActors:
         said and counted now, marked in run_info.json; Ray brings it back where there is room."""
         actor.down_since, actor.stall_reported = time.monotonic(), False
         actor.epoch += 1
-        actor.next_generation(self.learner.counters.updates)
+        actor.next_generation(self.link.updates())
         if actor.incarnations and "ended_at" not in actor.incarnations[-1]:
             actor.incarnations[-1].update(ended_at=time.time(), end=actor.last_error)
         write_run_info(self.run_info, self.config, self.learner_where, self.actors)
@@ -345,7 +347,7 @@ def take_at_least(in_flight: int, actors: int, slots_per_batch: int) -> int:
 
 
 def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
-        synthetic: Synthetic | None = None) -> LearnerCounters:
+        program: ActorProgram = ENV_ACTORS) -> LearnerCounters:
     """Start the actors (or ``synthetic`` ones) on the cluster, run the learner loop here until the
     step budget is spent."""
     # A joined cluster's actors are elsewhere: then the learner keeps torch's own thread count.
@@ -354,20 +356,19 @@ def run(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path,
     connect(config)
     try:
         if config.num_learners > 1:
-            from impactrl.runtime.learners import run_learners
-            from impactrl.runtime.ray.learners import RayLearners
-            return run_learners(config, learner, spec, run_dir, writer, synthetic, RayLearners(config, writer),
-                                run_one_learner, host=ray.util.get_node_ip_address())
-        return run_one_learner(config, learner, spec, run_dir, writer, synthetic)
+            return run_learners(config, learner, spec, run_dir, writer, program,
+                                RayLearners(config, writer, run_one_learner), run_one_learner,
+                                host=ray.util.get_node_ip_address())
+        return run_one_learner(config, learner, spec, run_dir, writer, program)
     finally:
         ray.shutdown()  # a local instance stops with it; a joined cluster stays up
 
 
 def run_one_learner(config: TrainConfig, learner: Learner, spec: RolloutSpec, run_dir: Path, writer: MetricsWriter,
-                    synthetic: Synthetic | None = None) -> LearnerCounters:
+                    program: ActorProgram = ENV_ACTORS) -> LearnerCounters:
     """One learner (of ``learner.group``) with its share of the actors on the cluster."""
     group = learner.group
     weights = ObjectStoreWeightSink(config)
-    actors = RayActors(config, learner, spec, weights, run_dir, writer.message, synthetic,
+    actors = RayActors(config, learner.link(), spec, weights, run_dir, writer.message, program,
                        learner_actor_ids(config.num_actors, group.size, group.rank))
     return supervise(learner, actors, weights, run_dir, writer)

@@ -23,11 +23,11 @@ import ray
 from impactrl.config import TrainConfig, learner_resources
 from impactrl.errors import LearnerFailed
 from impactrl.metrics import MetricsWriter
+from impactrl.runtime.actor import ActorProgram
 from impactrl.runtime.distributed import PeerStopped
 from impactrl.runtime.learner import Learner
-from impactrl.runtime.learners import EXIT_WAIT_S, PeerWriter, run_other_learner, state_bytes
+from impactrl.runtime.learners import EXIT_WAIT_S, PeerWriter, RunOne, run_other_learner, state_bytes
 from impactrl.runtime.ray.cluster import first_line, where_am_i, worker_env
-from impactrl.runtime.synthetic import Synthetic
 
 
 PLACE_TIMEOUT_S = 120.0  # for Ray to start the learner actors (a node with the resources free)
@@ -40,13 +40,11 @@ class RemoteLearner:
         return where_am_i()
 
     def run(self, config: TrainConfig, rank: int, host: str, port: int, state: bytes, part: Path | None,
-            learn: bool, run_dir: Path, synthetic: Synthetic | None) -> None:
-        from impactrl.runtime.ray.learner_side import run_one_learner
-
+            learn: bool, run_dir: Path, program: ActorProgram, run_one_learner: RunOne) -> None:
         try:
             # Its lines go to its stdout, which Ray forwards to learner 0's terminal.
             writer = PeerWriter(lambda text: print(f"learner {rank}: {text}", flush=True))
-            run_other_learner(config, rank, host, port, state, part, learn, run_dir, synthetic, writer, run_one_learner)
+            run_other_learner(config, rank, host, port, state, part, learn, run_dir, program, writer, run_one_learner)
         except PeerStopped:
             return
 
@@ -54,14 +52,14 @@ class RemoteLearner:
 class RayLearners:
     """Learner 0's view of learners 1..N-1 on the cluster (a ``learners.Peers``)."""
 
-    def __init__(self, config: TrainConfig, writer: MetricsWriter):
-        self.config, self.writer = config, writer
+    def __init__(self, config: TrainConfig, writer: MetricsWriter, run_one: RunOne):
+        self.config, self.writer, self.run_one = config, writer, run_one  # run_one: the Ray runtime's
         self.handles: dict[int, object] = {}
         self.places: dict[int, dict] = {}
         self.runs: dict[int, object] = {}  # rank -> its run call
 
     def start(self, host: str, port: int, learner: Learner, parts: dict[int, Path | None], run_dir: Path,
-              synthetic: Synthetic | None) -> None:
+              program: ActorProgram) -> None:
         resources = learner_resources(self.config)
         remote = ray.remote(RemoteLearner).options(
             num_cpus=resources.pop("CPU", 1.0), num_gpus=resources.pop("GPU", 0.0), resources=resources,
@@ -80,7 +78,7 @@ class RayLearners:
         self.places = dict(zip(self.handles, places))
         for rank, handle in self.handles.items():
             self.runs[rank] = handle.run.remote(self.config, rank, host, port, state, parts[rank], learner.learn,
-                                                run_dir, synthetic)
+                                                run_dir, program, self.run_one)
 
     def check(self) -> None:
         ended, _ = ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=0)
