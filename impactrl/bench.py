@@ -9,17 +9,66 @@ recorded unrolls instead (runtime/synthetic.py): a load test of the learner's in
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from impactrl.data.rollout import ACTOR_STAGES
+from impactrl import training
+from impactrl.config import TrainConfig
+from impactrl.data.rollout import ACTOR_STAGES, data_bytes
 from impactrl.errors import UserError
 from impactrl.metrics import read_metrics
+from impactrl.preflight import validate_train
+from impactrl.rundir import create_run_dir, write_config
+from impactrl.runtime.actor import ENV_ACTORS
 from impactrl.runtime.learner import LEARNER_STAGES
+from impactrl.runtime.synthetic import Synthetic
+
+
+def run_bench(config: TrainConfig, warmup_s: float, synthetic: Synthetic | None = None,
+              learn: bool = True) -> dict[str, Any]:
+    """Train ``config`` in a scratch directory (removed after) and measure it: ``summarize``'s
+    throughput and time split after ``warmup_s``, with the run's shape and the learner's memory.
+    ``synthetic``: simulated actors; ``learn=False``: the learner takes no SGD step."""
+    run_dir = scratch_dir()
+    try:
+        config = dataclasses.replace(config, out=run_dir)
+        validate_train(config, None)
+        learner, spec = training.build_learner(config, None)
+        learner.learn = learn
+        create_run_dir(run_dir)
+        write_config(run_dir, config)
+        training.train(config, learner, spec, run_dir, quiet=True, program=synthetic or ENV_ACTORS)
+        summary = summarize(run_dir / "metrics.jsonl", warmup_s)
+    finally:
+        shutil.rmtree(run_dir.parent, ignore_errors=True)
+    step_bytes = data_bytes(spec) / (config.unroll_length * config.envs_per_actor)
+    return {"env": config.env, "algo": config.algo, "runtime": config.runtime, "actors": config.num_actors,
+            "synthetic": synthetic is not None, "learning": learner.learn,
+            "actors_per_process": 1 if synthetic is None else synthetic.actors_per_process,
+            "envs_per_actor": config.envs_per_actor, "frame_dedup": spec.frame_stack > 1, **summary,
+            "bytes_per_s": summary["env_steps_per_s"] * step_bytes, "learner_rss_mb": learner_rss_mb()}
+
+
+def synthetic_actors(count: int | None, per_process: int | None) -> Synthetic | None:
+    """The simulated actors ``--synthetic-actors`` (and ``--actors-per-process``) asked for,
+    checked; None for real ones."""
+    if count is None:
+        if per_process is not None:
+            raise UserError("--actors-per-process sets how --synthetic-actors share processes; add --synthetic-actors N")
+        return None
+    if count < 1:
+        raise UserError(f"--synthetic-actors must be >= 1, got {count}")
+    processes = max(1, (os.cpu_count() or 2) - 1)
+    per_process = per_process or -(-count // processes)
+    if not 1 <= per_process <= count:
+        raise UserError(f"--actors-per-process must be between 1 and --synthetic-actors ({count}), got {per_process}")
+    return Synthetic(actors_per_process=per_process)
 
 
 def summarize(metrics_path: Path, warmup_s: float) -> dict[str, Any]:

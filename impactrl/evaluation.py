@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +20,7 @@ from impactrl.build import env_options, env_tasks, make_agent, run_tasks
 from impactrl.checkpoint import load_checkpoint
 from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs import make_env
-from impactrl.envs.factory import env_family, env_spec
+from impactrl.envs.factory import EnvOptions, env_family, env_spec
 from impactrl.envs.tasks import TaskSet, pad_observation, tasks_family
 from impactrl.envs.vector import ALE_MAX_FRAMES
 from impactrl.errors import UserError
@@ -235,47 +236,72 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     agent = make_agent(config, tasks)
     agent.load_state_dict(state["agent"])
     agent.eval()
+    options = play_options(config, sticky_action_prob, video_dir)
+    evaluation = Evaluation(agent, config, state, tasks, options, episodes, seed, greedy, min(num_envs, episodes),
+                            max_episode_steps)
+    common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy,
+              **({"noop_max": options.noop_max, "sticky_action_prob": options.sticky_action_prob}
+                 if tasks_family(config.env) == "atari" else {})}
+    if tasks.multi_task:
+        return {**evaluate_tasks(evaluation, references, video_dir, sticky_action_prob), **common}
+    if references:
+        raise UserError(f"--reference compares a multi-task agent with single-task runs, but {path} is a run on "
+                        f"one task ({config.env})")
+    entry, videos = evaluation.play(0, video_dir)
+    return {**entry, **common, **({"videos": videos} if video_dir is not None else {})}
+
+
+def play_options(config: TrainConfig, sticky_action_prob: float | None, video_dir: Path | None) -> EnvOptions:
+    """The options of the envs evaluation plays: the run's, with ``sticky_action_prob`` (Atari only)
+    and rendering for ``video_dir``."""
     options = env_options(config)
-    atari = tasks_family(config.env) == "atari"
     if sticky_action_prob is not None:
-        if not atari:
+        if tasks_family(config.env) != "atari":
             raise UserError(f"--sticky-action-prob is for Atari games, not {config.env}")
         options = dataclasses.replace(options, sticky_action_prob=sticky_action_prob)
     if video_dir is not None:
         options = dataclasses.replace(options, render_mode="rgb_array")
-    num_envs = min(num_envs, episodes)
-    shape = tuple(tasks.observation_space.shape)
-    common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy,
-              **({"noop_max": options.noop_max, "sticky_action_prob": options.sticky_action_prob} if atari else {})}
-    if not tasks.multi_task:
-        if references:
-            raise UserError(f"--reference compares a multi-task agent with single-task runs, but {path} is a run on "
-                            f"one task ({config.env})")
-        cap = max_episode_steps or episode_step_limit(tasks.ids[0], config) or DEFAULT_EPISODE_STEPS
-        envs = eval_envs(tasks.ids[0], options, seed, num_envs, cap)
-        played = play(agent, config, envs, 0, shape, episodes, seed, greedy, video_dir,
-                      training_reward_scale(state, config, tasks, 0))
-        return {**summarize_returns(played.returns), "episodes_cut": played.cut, "max_episode_steps": cap,
-                **played.value_error, "torso_dead_units": played.dead_units,
-                **common, **({"videos": played.videos} if video_dir is not None else {})}
-    reference_returns = {}
-    for reference in references:
-        result = evaluate_checkpoint(reference, episodes, seed, greedy, num_envs, sticky_action_prob=sticky_action_prob,
-                                     max_episode_steps=max_episode_steps)
-        if result["env"] not in tasks.ids:
-            raise UserError(f"--reference {reference}: a run on {result['env']}, not a single-task run on one of "
-                            f"{', '.join(tasks.ids)}")
-        reference_returns[result["env"]] = result["return_mean"]
+    return options
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """A checkpointed agent and how ``evaluate_checkpoint`` plays each of its tasks."""
+
+    agent: Any
+    config: TrainConfig
+    state: dict  # the checkpoint
+    tasks: TaskSet
+    options: EnvOptions
+    episodes: int
+    seed: int
+    greedy: bool
+    num_envs: int
+    max_episode_steps: int | None
+
+    def play(self, task: int, video_dir: Path | None) -> tuple[dict, list[str]]:
+        """Task ``task``'s episodes: their returns, the cut ones and the step cap, the value error
+        and the dead units; and the videos written to ``video_dir``."""
+        env_id = self.tasks.ids[task]
+        cap = self.max_episode_steps or episode_step_limit(env_id, self.config) or DEFAULT_EPISODE_STEPS
+        played = play(self.agent, self.config, eval_envs(env_id, self.options, self.seed, self.num_envs, cap), task,
+                      tuple(self.tasks.observation_space.shape), self.episodes, self.seed, self.greedy, video_dir,
+                      training_reward_scale(self.state, self.config, self.tasks, task))
+        return ({**summarize_returns(played.returns), "episodes_cut": played.cut, "max_episode_steps": cap,
+                 **played.value_error, "torso_dead_units": played.dead_units}, played.videos)
+
+
+def evaluate_tasks(evaluation: Evaluation, references: Sequence[Path], video_dir: Path | None,
+                   sticky_action_prob: float | None) -> dict:
+    """A multi-task agent's evaluation (see ``evaluate_checkpoint``): per task, its entry with the
+    random policy's return and the score against ``references``; the mean score."""
+    reference_returns = task_reference_returns(evaluation, references, sticky_action_prob)
     per_task, scores = {}, []
-    for task, (env_id, label) in enumerate(zip(tasks.ids, tasks.labels)):
-        cap = max_episode_steps or episode_step_limit(env_id, config) or DEFAULT_EPISODE_STEPS
-        played = play(agent, config, eval_envs(env_id, options, seed, num_envs, cap), task, shape, episodes, seed,
-                      greedy, None if video_dir is None else video_dir / label,
-                      training_reward_scale(state, config, tasks, task))
-        random_return = float(np.mean(random_returns(env_id, options, episodes, seed, cap)))
-        entry = {**summarize_returns(played.returns), "episodes_cut": played.cut, "max_episode_steps": cap,
-                 **played.value_error, "torso_dead_units": played.dead_units,
-                 "env": env_id, "random_return_mean": random_return}
+    for task, (env_id, label) in enumerate(zip(evaluation.tasks.ids, evaluation.tasks.labels)):
+        entry, videos = evaluation.play(task, None if video_dir is None else video_dir / label)
+        random_return = float(np.mean(random_returns(env_id, evaluation.options, evaluation.episodes, evaluation.seed,
+                                                     entry["max_episode_steps"])))
+        entry.update({"env": env_id, "random_return_mean": random_return})
         if env_id in reference_returns:
             entry["reference_return_mean"] = reference_returns[env_id]
             spread = reference_returns[env_id] - random_return
@@ -283,11 +309,25 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
             if entry["score"] is not None:
                 scores.append(entry["score"])
         if video_dir is not None:
-            entry["videos"] = played.videos
+            entry["videos"] = videos
         per_task[label] = entry
     return {"tasks": per_task, "score": float(np.mean(scores)) if scores else None, "tasks_scored": len(scores),
-            "tasks_above_random": sum(entry["return_mean"] > entry["random_return_mean"] for entry in per_task.values()),
-            **common}
+            "tasks_above_random": sum(entry["return_mean"] > entry["random_return_mean"] for entry in per_task.values())}
+
+
+def task_reference_returns(evaluation: Evaluation, references: Sequence[Path],
+                           sticky_action_prob: float | None) -> dict[str, float]:
+    """The mean return of each single-task run in ``references`` (evaluated like the agent), by env id."""
+    returns = {}
+    for reference in references:
+        result = evaluate_checkpoint(reference, evaluation.episodes, evaluation.seed, evaluation.greedy,
+                                     evaluation.num_envs, sticky_action_prob=sticky_action_prob,
+                                     max_episode_steps=evaluation.max_episode_steps)
+        if result["env"] not in evaluation.tasks.ids:
+            raise UserError(f"--reference {reference}: a run on {result['env']}, not a single-task run on one of "
+                            f"{', '.join(evaluation.tasks.ids)}")
+        returns[result["env"]] = result["return_mean"]
+    return returns
 
 
 def summarize_returns(returns: list[float]) -> dict:

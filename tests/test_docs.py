@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from impactrl.cli import resolve_train_config, validate_train
+from impactrl.cli import resolve_train_config
+from impactrl.preflight import validate_train
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "experiments" / "README.md",

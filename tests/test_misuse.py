@@ -198,7 +198,7 @@ def test_many_more_actors_than_cores_draw_one_warning_and_still_pass(tmp_path: P
     actors = 4 * os.cpu_count() + 1
     request = resolve_train_config([*CARTPOLE, "--num-actors", str(actors), "--out", str(tmp_path / "run")])
     capsys.readouterr()
-    from impactrl.cli import validate_train
+    from impactrl.preflight import validate_train
 
     validate_train(request.config, None)
     lines = capsys.readouterr().err.splitlines()
@@ -487,7 +487,7 @@ gym.register("Cube-v0", entry_point=Picture, kwargs={"shape": (3, 3, 3)})
 def test_an_image_in_height_width_channels_order_is_transposed_and_said_so(tmp_path: Path, capsys, monkeypatch):
     (tmp_path / "imageenvs.py").write_text(IMAGE_ENVS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    from impactrl.cli import validate_train
+    from impactrl.preflight import validate_train
     from impactrl.envs import EnvOptions, make_env
     from impactrl.training import build_learner
 

@@ -11,6 +11,7 @@ from conftest import run_cli, run_in_process
 from impactrl.cli import main, resolve_train_config
 from impactrl.config import RENAMED, TrainConfig, bound_problems, coerce, to_yaml
 from impactrl.config.bounds import bound_of
+from impactrl.config.resolve import resolve
 from impactrl.errors import UserError
 from impactrl.training import build_learner
 
@@ -178,7 +179,7 @@ def test_the_renamed_settings_take_their_old_names_by_flag_yaml_resume_and_api(t
             for old, new in RENAMED.items()]
     assert "batch_size" not in to_yaml(config) and "unrolls_per_batch: 24" in to_yaml(config)
 
-    config = resolve_train_config([], {"batch_size": 8}, source="impactrl.train").config
+    config = resolve(settings={"batch_size": 8}, source="impactrl.train")
     assert config.unrolls_per_batch == 8 and capsys.readouterr().err.splitlines() == [
         "impactrl train: warning: impactrl.train: batch_size is now unrolls_per_batch (the old name will be removed)"]
     assert coerce({"batch_size": 8}, "the checkpoint's config") == {"unrolls_per_batch": 8}  # saved runs: silently

@@ -1,13 +1,15 @@
 """Training configuration: one typed, frozen dataclass whose fields are the CLI flags.
 
 Resolution order (later wins): field defaults < the presets (the env family's, the algorithm's,
-the algorithm's for the family: see ``preset_files``) < ``--config FILE.yaml`` < flags on the
-command line. ``RUN_DIR/config.yaml`` holds the result, and ``--resume`` starts from it.
+the algorithm's for the family: see ``preset_files``) < ``--config FILE.yaml`` < the Python API's
+settings < flags on the command line (``resolve``). ``RUN_DIR/config.yaml`` holds the result, and
+``--resume`` starts from it.
 
 - ``settings``: the fields by concern (run, runtime, actors, env, model, loss, IMPACT, PPO,
   optimiser, logging, faults), each with its bound, combined into ``TrainConfig``;
 - ``checks``: the bounds in one loop, the checks across fields, and the settings a run does not read;
 - ``files``: presets and YAML, typed like the flags;
+- ``resolve``: the layers in that order, for ``impactrl.train`` and ``impactrl train``;
 - ``renamed``: the old names of renamed settings (batch_size, queue_slots, target_update_interval),
   still taken with a warning.
 """

@@ -359,33 +359,46 @@ def make_env(
     environment cannot be created (e.g. a missing optional dependency such as MuJoCo).
     """
     check_env_id(env_id)
+    _check_options(options)
+    env = _make_family_env(env_id, options, training=training)
+    env = _wrap_actions_and_rewards(env, options, training=training)
+    if seed is not None:
+        env.action_space.seed(seed)
+    return env
+
+
+def _check_options(options: EnvOptions) -> None:
     if not isinstance(options, EnvOptions):
         raise UserError(f"options must be an EnvOptions, got {type(options).__name__}")
     problems = options.problems()
     if problems:
         raise UserError("; ".join(problems))
 
+
+def _make_family_env(env_id: str, options: EnvOptions, *, training: bool) -> gym.Env:
+    """The env with its family's preprocessing (see ``make_env``), episode statistics innermost."""
     family = env_family(env_id)
     if family == "atari":
-        env = _make_atari(env_id, options, training=training)
-    elif family == "minatar":
+        return _make_atari(env_id, options, training=training)
+    if family == "minatar":
         _import_minatar_quietly()
-        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
-        env = RecordEpisodeStatistics(env)
-        env = ChannelsFirstUint8(env)
-    else:
-        env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
-        env = RecordEpisodeStatistics(env)
-        if image_layout(env_id, env.observation_space, options.image_layout) == "hwc":
-            env = ChannelsFirst(env)
+    env = _gym_make(env_id, max_episode_steps=options.max_episode_steps, render_mode=options.render_mode)
+    env = RecordEpisodeStatistics(env)
+    if family == "minatar":
+        return ChannelsFirstUint8(env)
+    if image_layout(env_id, env.observation_space, options.image_layout) == "hwc":
+        env = ChannelsFirst(env)
+    return env
+
+
+def _wrap_actions_and_rewards(env: gym.Env, options: EnvOptions, *, training: bool) -> gym.Env:
+    """Box actions clipped to the bounds; in training with ``normalize_reward_gamma``, rewards
+    normalised and clipped to ±10."""
     if isinstance(env.action_space, gym.spaces.Box):
         env = ClipToBounds(env)
     if training and options.normalize_reward_gamma is not None:
         env = NormalizeReward(env, gamma=float(options.normalize_reward_gamma))
         env = TransformReward(env, lambda reward: float(np.clip(reward, -10.0, 10.0)))
-
-    if seed is not None:
-        env.action_space.seed(seed)
     return env
 
 
