@@ -5,6 +5,56 @@ from pathlib import Path
 
 import pytest
 
+# A fast-tier test that runs longer has hung (the slowest take seconds; the tier runs in about two
+# minutes): it fails then, and the tier goes on. The slow tier keeps pyproject's timeout.
+FAST_TEST_TIMEOUT_S = 60
+DESELECTED = pytest.StashKey[list]()  # the items that -m (or -k) left out
+ALL_SLOW_MODULES = pytest.StashKey[list]()  # (path, count): modules that ran nothing, all their tests slow
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each fast-tier test (not marked slow) fails after FAST_TEST_TIMEOUT_S unless it names its own
+    timeout or ``--timeout`` was given on the command line."""
+    if config.getoption("timeout", None) is not None:
+        return
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(FAST_TEST_TIMEOUT_S))
+
+
+def pytest_deselected(items):
+    if items:
+        items[0].config.stash.setdefault(DESELECTED, []).extend(items)
+
+
+def pytest_collection_finish(session):
+    """Which modules ran nothing because all their tests are slow (deselected by the default
+    ``-m 'not slow'``): those named on the command line, or every such module when the run selected
+    nothing at all (and no -k chose). ``pytest tests/test_faults.py`` otherwise ends silently with
+    no tests run."""
+    if "not slow" not in session.config.option.markexpr:  # -m chose otherwise: it knows
+        return
+    deselected = session.config.stash.get(DESELECTED, [])
+    nothing_ran = not session.items and not session.config.option.keyword
+    selected_paths = {item.path for item in session.items}
+    named = {(session.config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in session.config.args}
+    by_module: dict[Path, list] = {}
+    for item in deselected:
+        by_module.setdefault(item.path, []).append(item)
+    session.config.stash[ALL_SLOW_MODULES] = [
+        (path, len(module_items)) for path, module_items in by_module.items()
+        if path not in selected_paths and (path.resolve() in named or nothing_ran)
+        and all(item.get_closest_marker("slow") is not None for item in module_items)]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for path, count in config.stash.get(ALL_SLOW_MODULES, []):
+        where = os.path.relpath(path, config.invocation_params.dir)
+        tests = "its test is" if count == 1 else f"all {count} tests are"
+        terminalreporter.write_line(f"{where}: {tests} in the slow tier; run python -m pytest -q -m slow {where}",
+                                    yellow=True, bold=True)
+
+
 # Quick settings for end-to-end runs in tests: tiny budgets, frequent logs and checkpoints.
 FAST = ["--num-actors", "2", "--envs-per-actor", "4", "--unrolls-per-batch", "8", "--log-interval-s", "0.5"]
 
