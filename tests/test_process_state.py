@@ -19,6 +19,16 @@ pytestmark = pytest.mark.slow  # each test trains with real actor processes
 BUDGET = ["--total-env-steps", "30000"]
 
 
+def ended(process: subprocess.Popen, timeout: float = 300) -> str:
+    """Wait for ``process`` to end (killed if the test fails first); its stderr, as text."""
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return stderr if isinstance(stderr, str) else stderr.decode()
+
+
 def test_the_python_api_restores_threads_signal_handlers_and_environment(tmp_path: Path):
     import impactrl
 
@@ -44,12 +54,8 @@ def test_the_python_api_restores_threads_signal_handlers_and_environment(tmp_pat
 
 def test_a_hangup_checkpoints_and_stops_like_sigterm(run_dir: Path):
     process = start_training(run_dir, min_updates=20)
-    try:
-        process.send_signal(signal.SIGHUP)
-        _, stderr = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    process.send_signal(signal.SIGHUP)
+    stderr = ended(process)
     assert process.returncode == 130, stderr[-2000:]
     assert "interrupted; the latest checkpoint is kept" in (run_dir / "train.log").read_text()
     assert (run_dir / "checkpoints" / "latest.pt").resolve().is_file()
@@ -58,15 +64,11 @@ def test_a_hangup_checkpoints_and_stops_like_sigterm(run_dir: Path):
 def test_under_nohup_a_hangup_is_ignored_and_the_run_finishes(run_dir: Path):
     process = subprocess.Popen(["nohup", sys.executable, "-m", "impactrl", "train", *BUDGET, "--out", str(run_dir),
                                 *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 180
-        while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
-            time.sleep(0.1)
-        process.send_signal(signal.SIGHUP)
-        _, stderr = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 180
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGHUP)
+    stderr = ended(process)
     assert process.returncode == 0, stderr[-2000:]
     assert read_metrics(run_dir)[-1]["env_steps"] >= 30000
 
@@ -75,15 +77,10 @@ def test_a_closed_stdout_never_stops_training(run_dir: Path):
     """``impactrl train ... | head -2``: the pipe closes after two lines; the run goes on to its end."""
     process = subprocess.Popen([sys.executable, "-m", "impactrl", "train", *BUDGET, "--out", str(run_dir), *FAST],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        for _ in range(2):
-            process.stdout.readline()
-        process.stdout.close()
-        _, stderr = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    stderr = stderr.decode()
+    for _ in range(2):
+        process.stdout.readline()
+    process.stdout.close()
+    stderr = ended(process)
     assert process.returncode == 0, stderr[-2000:]
     assert "BrokenPipeError" not in stderr and "Traceback" not in stderr
     assert read_metrics(run_dir)[-1]["env_steps"] >= 30000
@@ -93,14 +90,11 @@ def test_a_closed_stdout_never_stops_training(run_dir: Path):
 def test_stop_signals_during_the_final_checkpoint_tear_nothing(run_dir: Path):
     """A user who presses Ctrl-C again and again: the run stops once, with a whole checkpoint."""
     process = start_training(run_dir, min_updates=20)
-    try:
-        while process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            time.sleep(0.02)
-        _, stderr = process.communicate(timeout=180)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    deadline = time.monotonic() + 180
+    while process.poll() is None and time.monotonic() < deadline:
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    stderr = ended(process)
     assert process.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr
     checkpoints = run_dir / "checkpoints"

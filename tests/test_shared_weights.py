@@ -60,13 +60,20 @@ def values_of(agent: torch.nn.Module) -> list[float]:
     return sorted({bound for value in agent.state_dict().values() for bound in map(float, value.aminmax())})
 
 
-def test_every_read_is_one_publication_while_another_process_publishes_back_to_back():
+def weights_and_process(target, *flag_types: str):
+    """Fresh SharedWeights of a small agent and a spawned process running ``target(weights, *flags)``,
+    one shared value (initially 0) of each of ``flag_types``: (agent, weights, flags, process)."""
     ctx = mp.get_context("spawn")
     agent = make_agent()
     weights = SharedWeights(agent, ctx)
-    started, stop = ctx.Value("q", 0, lock=False), ctx.Value("b", 0, lock=False)
-    publisher = ctx.Process(target=publish_forever, args=(weights, started, stop), daemon=True)
-    publisher.start()
+    flags = [ctx.Value(kind, 0, lock=False) for kind in flag_types]
+    process = ctx.Process(target=target, args=(weights, *flags), daemon=True)
+    process.start()
+    return agent, weights, flags, process
+
+
+def test_every_read_is_one_publication_while_another_process_publishes_back_to_back():
+    agent, weights, (started, stop), publisher = weights_and_process(publish_forever, "q", "b")
     try:
         reader = make_agent()
         version, publication = weights.load_into(reader)  # waits for the first publish
@@ -88,12 +95,7 @@ def test_every_read_is_one_publication_while_another_process_publishes_back_to_b
 
 @pytest.mark.slow  # kills a process
 def test_a_publisher_killed_anywhere_leaves_whole_weights_or_readers_that_stop():
-    ctx = mp.get_context("spawn")
-    agent = make_agent()
-    weights = SharedWeights(agent, ctx)
-    started = ctx.Value("q", 0, lock=False)
-    publisher = ctx.Process(target=publish_forever, args=(weights, started), daemon=True)
-    publisher.start()
+    agent, weights, (started,), publisher = weights_and_process(publish_forever, "q")
     reader = make_agent()
     deadline = time.monotonic() + 60
     while started.value < 100 and time.monotonic() < deadline:  # publishing back to back
@@ -140,12 +142,7 @@ def test_a_reader_that_keeps_losing_sends_heartbeats_and_gives_up_with_a_clear_e
 
 @pytest.mark.slow  # kills a process
 def test_a_reader_killed_inside_the_lock_blocks_the_learner_only_briefly():
-    ctx = mp.get_context("spawn")
-    agent = make_agent()
-    weights = SharedWeights(agent, ctx)
-    holding = ctx.Value("b", 0, lock=False)
-    holder = ctx.Process(target=hold_the_lock, args=(weights, holding), daemon=True)
-    holder.start()
+    agent, weights, (holding,), holder = weights_and_process(hold_the_lock, "b")
     deadline = time.monotonic() + 60
     while not holding.value and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -160,12 +157,7 @@ def test_a_reader_killed_inside_the_lock_blocks_the_learner_only_briefly():
 
 
 def test_a_live_holder_keeps_the_lock_however_long_it_holds_it():
-    ctx = mp.get_context("spawn")
-    agent = make_agent()
-    weights = SharedWeights(agent, ctx)
-    holding = ctx.Value("b", 0, lock=False)
-    holder = ctx.Process(target=hold_the_lock_until_told, args=(weights, holding), daemon=True)
-    holder.start()
+    agent, weights, (holding,), holder = weights_and_process(hold_the_lock_until_told, "b")
     try:
         deadline = time.monotonic() + 30
         while not holding.value and time.monotonic() < deadline:
