@@ -1,7 +1,7 @@
 """Beyond Pong: each preset on Atari games with what a user types, beside CleanRL PPO's scores.
 
     python experiments/atari.py --out runs/atari [--games ALE/Breakout-v5,ALE/SpaceInvaders-v5]
-        [--algos impala,impact] [--seeds 1] [--steps 10000000] [--eval-every 2500000]
+        [--algos impala,impact] [--seeds 1] [--steps 10000000] [--eval-every 2500000] [--report-only]
 
 Each run is ``impactrl train --algo A --env ID --env-backend envpool --sticky-action-prob 0 --seed S
 --total-env-steps N`` (no sticky actions, as CleanRL's numbers) plus ``--milestone-env-steps``, which
@@ -10,6 +10,7 @@ when stopped (experiments/common.py), one at a time. Then, per run: ``impactrl e
 of each milestone checkpoint, the best and last 100-game training mean, wall time and env steps/s,
 into ``table.md``; ``GAME-steps.png`` and ``GAME-time.png``; and ``RUN.csv``, the run's curve
 downsampled to one row per 100k env steps (small enough to keep in the repository).
+``--report-only`` trains nothing: the table, CSVs and figures of the runs as far as they got.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--steps", type=int, default=10_000_000)
     parser.add_argument("--eval-every", type=int, default=2_500_000)
+    parser.add_argument("--report-only", action="store_true", help="train nothing; report the runs as far as they got")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     lines = ["| game | algo | seed | best 100-game mean | last 100-game mean | CleanRL PPO | eval (30 games) at env steps "
@@ -83,10 +85,13 @@ def main() -> None:
         for algo in args.algos.split(","):
             for seed in map(int, args.seeds.split(",")):
                 run_dir = args.out / f"{label}-{algo}-s{seed}"
+                if not args.report_only:
+                    train(run_dir, args.steps, ["--algo", algo, "--env", env, "--env-backend", "envpool",
+                                                "--sticky-action-prob", "0", "--seed", str(seed),
+                                                "--milestone-env-steps", str(args.eval_every)])
+                elif not (run_dir / "metrics.jsonl").exists():
+                    continue
                 runs.append(run_dir)
-                train(run_dir, args.steps, ["--algo", algo, "--env", env, "--env-backend", "envpool",
-                                            "--sticky-action-prob", "0", "--seed", str(seed),
-                                            "--milestone-env-steps", str(args.eval_every)])
                 records = read_records(run_dir)
                 write_csv(records, args.out / f"{run_dir.name}.csv")
                 means = [mean for _, mean in hundred_episode_means(records)]
@@ -97,7 +102,7 @@ def main() -> None:
                              f"{means[-1] if means else float('nan'):.1f} | {CLEANRL_PPO.get(label, '-')} | {evals} | "
                              f"{last['env_steps']:,} | {last['wall_time_s'] / 3600:.2f} | "
                              f"{last['env_steps'] / last['wall_time_s']:,.0f} |")
-        for x, suffix in (("env_steps", "steps"), ("wall_time_s", "time")):
+        for x, suffix in (("env_steps", "steps"), ("wall_time_s", "time")) if runs else ():
             impactrl("plot", *map(str, runs), "--x", x, "--smooth", "500000", "--out", str(args.out / f"{label}-{suffix}.png"),
                      "--title", f"{env}: {args.algos}, seeds {args.seeds} ({EPISODES}-game means in the table)")
     text = "\n".join(lines) + "\n"
