@@ -125,7 +125,7 @@ def test_eval_of_episodes_that_never_end_finishes_and_says_how_far_it_got(tmp_pa
     lines = result.stderr.splitlines()
     assert any("Endless-v0: 0/1 episodes" in line and "env steps in" in line for line in lines), lines
     assert lines[-1] == ("impactrl eval: an episode of Endless-v0 reached 100,000 steps without ending: cut there, "
-                         "its return so far counted (1 cut so far)")
+                         "its return so far counted (1 cut so far; --max-episode-steps N sets the cap)")
 
 
 def test_a_video_dir_that_cannot_be_made_is_refused_before_any_episode(tmp_path):
