@@ -52,8 +52,13 @@ def test_the_python_api_restores_threads_signal_handlers_and_environment(tmp_pat
         signal.signal(signal.SIGTERM, previous[1])
 
 
+def hangups_heard() -> None:
+    """In the child: SIGHUP as a terminal's session leaves it, whatever this pytest inherited (nohup)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_a_hangup_checkpoints_and_stops_like_sigterm(run_dir: Path):
-    process = start_training(run_dir, min_updates=20)
+    process = start_training(run_dir, min_updates=20, preexec_fn=hangups_heard)
     process.send_signal(signal.SIGHUP)
     stderr = ended(process)
     assert process.returncode == 130, stderr[-2000:]

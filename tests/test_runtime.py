@@ -272,12 +272,14 @@ def test_train_writes_contract_outputs(finished_run: Path):
     assert evaluation["torso_dead_units"] == []  # CartPole's MLP torso is tanh: no ReLU layer to die
 
 
-def start_training(run_dir: Path, *args: str, min_updates: int = 1, own_group: bool = False) -> subprocess.Popen:
+def start_training(run_dir: Path, *args: str, min_updates: int = 1, own_group: bool = False,
+                   preexec_fn=None) -> subprocess.Popen:
     """A run with a budget it will not reach, once it has logged ``min_updates`` learner updates;
     ``own_group``: in a process group of its own (its pid is the group's id)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "impactrl", "train", "--total-env-steps", "100000000", "--out", str(run_dir),
-         *FAST, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=own_group)
+         *FAST, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=own_group,
+        preexec_fn=preexec_fn)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
         try:
