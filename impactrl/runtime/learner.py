@@ -588,7 +588,8 @@ class LearnerLoop:
             # went wrong (restarts, env errors), and a checkpoint keeps what was learned for --resume.
             self.learner.inbox.apply_to(counters)
             if not isinstance(error, RunDirFailed):
-                self.telemetry.write()
+                with contextlib.suppress(RunDirFailed):  # the checkpoint below matters more
+                    self.telemetry.write()
             self.checkpointer.save()
             raise
         self.learner.inbox.apply_to(counters)
