@@ -160,6 +160,8 @@ def evaluate(argv: Sequence[str]) -> int:
         raise UserError(f"--episodes must be >= 1, got {args.episodes}")
     if args.num_envs < 1:
         raise UserError(f"--num-envs must be >= 1, got {args.num_envs}")
+    if not 0 <= args.seed < 2**31 - args.num_envs:  # env e is seeded seed + e, a 32-bit signed seed
+        raise UserError(f"--seed must be in [0, {2**31 - args.num_envs - 1}], got {args.seed}")
     import torch
 
     from impactrl.evaluation import evaluate_checkpoint

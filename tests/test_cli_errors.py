@@ -132,6 +132,12 @@ def test_eval_missing_path(tmp_path: Path, capsys):
     assert_one_line_error(result, "does not exist")
 
 
+@pytest.mark.parametrize("seed", ["-1", "99999999999"])
+def test_eval_seed_out_of_range(tmp_path: Path, capsys, seed: str):
+    result = run_in_process(capsys, "eval", str(tmp_path / "missing"), "--seed", seed)
+    assert_one_line_error(result, "--seed must be in [0, ")
+
+
 def test_bad_config_file(tmp_path: Path, run_dir: Path, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text("env: CartPole-v1\nlearning_rat: 0.1\n")
