@@ -48,7 +48,6 @@ RunOne = Callable[..., LearnerCounters]  # a runtime's run_one_learner(config, l
 EXIT_WAIT_S = 30.0
 
 
-
 def process_stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP, a debugger): the one kind of hung peer the kernel names."""
     try:

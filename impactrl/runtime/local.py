@@ -158,7 +158,7 @@ class SharedWeights:
         return self._published.value
 
     def version(self) -> int:
-        """The newest published version (a program actor tags its unrolls with it, loading nothing)."""
+        """The newest published version (a synthetic actor tags its unrolls with it, loading nothing)."""
         with self._section():
             return self._versions[self._published.value % 2] if self._published.value else -1
 
@@ -218,7 +218,7 @@ class ActorEndpoint:
         return self.free.popleft()
 
     def try_acquire(self) -> int | None:
-        """A free slot now, or None (a program process serves several actors in turn)."""
+        """A free slot now, or None (a synthetic process serves several actors in turn)."""
         try:
             while self.returns.poll():
                 self.free.append(self.returns.recv())
