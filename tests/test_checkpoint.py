@@ -118,3 +118,17 @@ def test_a_copied_run_directory_loads_the_checkpoint_it_stopped_at(tmp_path):
         for age, path in enumerate(files):  # the oldest checkpoint now looks the newest
             os.utime(path, ns=(10**18 - age * 10**12,) * 2)
         assert load_checkpoint(copy)["learner"]["updates"] == 30
+
+
+@pytest.mark.slow  # trains with real actor processes
+def test_milestone_checkpoints_outlive_the_rotation_and_evaluate(run_dir):
+    from conftest import FAST, run_cli
+
+    run_cli("train", "--env", "CartPole-v1", *FAST, "--total-env-steps", "24000", "--milestone-env-steps", "8000",
+            "--keep-checkpoints", "1", "--out", str(run_dir), "--quiet", check=True)
+    kept = sorted(path.name for path in (run_dir / "checkpoints").glob("steps_*.pt"))
+    assert kept == ["steps_000000008000.pt", "steps_000000016000.pt", "steps_000000024000.pt"]
+    first = load_checkpoint(run_dir / "checkpoints" / kept[0])
+    assert 8000 <= first["learner"]["env_steps"] < 16000
+    result = run_cli("eval", str(run_dir / "checkpoints" / kept[0]), "--episodes", "2", check=True)
+    assert '"env_steps_trained"' in result.stdout

@@ -432,8 +432,12 @@ class Checkpointer:
         rank = learner.group.rank
         self.directory = None if rank == 0 else learner_part_dir(run_dir, rank)
         self.last = time.monotonic()
-        every = learner.config.milestone_env_steps
-        self.next_milestone = math.inf if every is None else (learner.counters.env_steps // every + 1) * every
+        self.next_milestone = self.milestone_after(learner.counters.env_steps)
+
+    def milestone_after(self, env_steps: int) -> float:
+        """The first multiple of ``milestone_env_steps`` past ``env_steps`` (infinity without milestones)."""
+        every = self.learner.config.milestone_env_steps
+        return math.inf if every is None else (env_steps // every + 1) * every
 
     def due(self) -> bool:
         return (time.monotonic() - self.last >= self.learner.config.checkpoint_interval_s
@@ -445,8 +449,7 @@ class Checkpointer:
         milestone = None
         if counters.env_steps >= self.next_milestone:
             milestone = f"steps_{self.next_milestone:012d}"
-            every = config.milestone_env_steps
-            self.next_milestone = (counters.env_steps // every + 1) * every
+            self.next_milestone = self.milestone_after(counters.env_steps)
         save_checkpoint(self.run_dir, self.learner.state_dict(), checkpoint_name(counters.updates),
                         config.keep_checkpoints, self.directory, milestone)
         self.last = time.monotonic()
