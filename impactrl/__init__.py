@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["TrainResult", "train", "__version__"]
+__all__ = ["TrainResult", "TuneResult", "train", "tune", "__version__"]
 
 
 def __getattr__(name: str):
@@ -11,4 +11,8 @@ def __getattr__(name: str):
         from impactrl import api
 
         return getattr(api, name)
+    if name in ("TuneResult", "tune"):
+        from impactrl import population
+
+        return getattr(population, name)
     raise AttributeError(f"module 'impactrl' has no attribute {name!r}")

@@ -21,10 +21,12 @@ from impactrl.errors import ActorFailed, LearnerFailed, RunDirFailed, TrainingDi
 from impactrl.flags import flag_name, parse_train_flags
 from impactrl.preflight import check_checkpoint_choice, check_out
 
-USAGE = """usage: impactrl {train,eval,plot,bench,diagnose} ...
+USAGE = """usage: impactrl {train,tune,eval,plot,bench,diagnose} ...
 
   impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
   impactrl train --resume RUN_DIR [--checkpoint NAME]                  continue a stopped run
+  impactrl tune --env minatar:breakout --explore learning-rate=1e-4..3e-3:log --out runs/pbt
+                                                                       a population under Ray Tune (PBT)
   impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
   impactrl plot RUN_DIR [RUN_DIR ...] --out curves.png                 learning curves
   impactrl bench --env ALE/Pong-v5 --seconds 60                        throughput and where the time goes
@@ -104,6 +106,51 @@ def train(argv: Sequence[str]) -> int:
     return 0
 
 
+def tune(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(prog="impactrl tune", add_help=False, description="Train a population of runs under "
+                            "Ray Tune and keep the best (docs/tune.md). Every other flag is an impactrl train flag "
+                            "for every trial (--quiet: only the final line); each trial trains to "
+                            "--total-env-steps in DIR/trials/TRIAL_ID.")
+    add = parser.add_argument
+    add("--explore", action="append", default=[], metavar="NAME=LOW..HIGH[:log]", help="a numeric train setting to "
+        "explore in that range, log-uniformly with :log (e.g. learning-rate=1e-4..3e-3:log); repeat for more")
+    add("--population", type=int, default=4, help="trials (default 4)")
+    add("--initial", action="append", default=[], metavar="NAME=V1,...,VN", help="each trial's starting value of "
+        "an explored setting; the others are drawn from their ranges")
+    add("--search", default="pbt", help="pbt (default): the worst take a copy of a best trial's checkpoint and "
+        "perturb its settings (x0.8 or x1.2, or a fresh draw with probability 0.25); pb2: the new settings from "
+        "a Gaussian-process bandit; random: no exploit, the starting points alone")
+    add("--interval-env-steps", type=int, help="env steps between comparisons (default a twentieth of the budget)")
+    add("--quantile-fraction", type=float, default=0.25, help="the share exploited, and exploited from (0.25)")
+    add("--cpus-per-trial", type=float, help="CPUs a trial reserves (default its learners plus actors)")
+    add("--max-failures", type=int, default=2, help="restarts of a failed trial from its checkpoint (default 2)")
+    add("--ray-address", help="a Ray cluster's address (default: a local Ray instance)")
+    add("--out", type=Path, help="the experiment directory (default runs/tune-ENV-ALGO)")
+    add("--resume", type=Path, metavar="DIR", help="continue a stopped experiment; no trial starts over")
+    known, rest = parser.parse_known_args(list(argv))
+    if "-h" in rest or "--help" in rest:
+        print(parser.format_help())
+        return 0
+    from impactrl.population import tune as tune_population
+
+    if known.resume is not None:
+        if rest or known.explore or known.initial:
+            raise UserError("--resume continues the experiment as it was asked; give no other settings")
+        result = tune_population(resume=known.resume, ray_address=known.ray_address)
+    else:
+        if known.out is not None:
+            check_out(known.out, directory=True)
+        base = resolve_train_config(rest)
+        options = {name: value for name, value in vars(known).items() if name != "resume"}
+        result = tune_population(**options, quiet=base.quiet, config=base.config)
+    best = "no trial finished an episode" if result.best_run_dir is None else (
+        f"best {result.best_return:.2f} in {result.best_run_dir}")
+    print(f"done: {len(result.trials)} trials, {result.exploits} exploits; {best}; {result.experiment / 'summary.json'}")
+    for trial in (trial for trial in result.trials if trial["error"] is not None):
+        print(f"impactrl tune: trial {trial['trial']} failed beyond --max-failures: {trial['error']}", file=sys.stderr)
+    return 1 if any(trial["error"] is not None for trial in result.trials) else 0
+
+
 def bench(argv: Sequence[str]) -> int:
     pre = ArgumentParser(prog="impactrl bench", add_help=False)
     pre.add_argument("--seconds", type=float, default=60.0)
@@ -179,7 +226,8 @@ def evaluate(argv: Sequence[str]) -> int:
 
 def plot(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="impactrl plot", description="Plot learning curves of runs into a PNG.")
-    parser.add_argument("runs", type=Path, nargs="+", help="run directories (each with metrics.jsonl)")
+    parser.add_argument("runs", type=Path, nargs="+", help="run directories (each with metrics.jsonl), or one "
+                        "impactrl tune experiment (a curve per trial, the best trial's lineage marked)")
     parser.add_argument("--out", type=Path, default=Path("curves.png"), help="PNG to write (default curves.png)")
     parser.add_argument("--x", default="env_steps", help="x axis key (default env_steps; wall_time_s for time)")
     parser.add_argument("--y", default="episode_return_mean", help="y axis key (default episode_return_mean)")
@@ -192,9 +240,12 @@ def plot(argv: Sequence[str]) -> int:
     if args.smooth is not None and not args.smooth > 0:
         raise UserError(f"--smooth must be a positive span of the x axis, got {args.smooth:g}")
     check_out(args.out, directory=False)
-    from impactrl.plotting import plot_runs
+    from impactrl.plotting import is_population, plot_population, plot_runs
 
-    print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run, args.smooth))
+    if len(args.runs) == 1 and is_population(args.runs[0]):
+        print(plot_population(args.runs[0], args.out, args.x, args.y, args.title, args.smooth))
+    else:
+        print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run, args.smooth))
     return 0
 
 
@@ -211,12 +262,12 @@ def diagnose(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train, "eval": evaluate, "plot": plot, "bench": bench, "diagnose": diagnose}
+    commands = {"train": train, "tune": tune, "eval": evaluate, "plot": plot, "bench": bench, "diagnose": diagnose}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
     if argv[0] not in commands:
-        print(f"impactrl: error: unknown command {argv[0]!r} (use train, eval, plot, bench or diagnose)", file=sys.stderr)
+        print(f"impactrl: error: unknown command {argv[0]!r} (use train, tune, eval, plot, bench or diagnose)", file=sys.stderr)
         sys.exit(2)
     try:
         sys.exit(commands[argv[0]](argv[1:]))

@@ -54,6 +54,6 @@ class TrainingDiverged(RuntimeError):
 def stopped(error: BaseException) -> str:
     """What the CLI says when training stops before its end (Ctrl-C, SIGTERM, ActorFailed,
     TrainingDiverged): on stderr and, written by the run itself, in train.log."""
-    if isinstance(error, KeyboardInterrupt):
-        return "interrupted; the latest checkpoint is kept (continue with --resume)"
+    if isinstance(error, KeyboardInterrupt):  # impactrl tune says how its experiment continues
+        return str(error) or "interrupted; the latest checkpoint is kept (continue with --resume)"
     return f"{error}\nthe latest checkpoint is kept; continue with --resume"

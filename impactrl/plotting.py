@@ -146,6 +146,12 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
             ax.set_title(label, fontsize=10)
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
+    return save_figure(figure, out, title)
+
+
+def save_figure(figure, out: Path, title: str | None) -> Path:
+    import matplotlib.pyplot as plt
+
     if title:
         figure.suptitle(title)
     figure.tight_layout()
@@ -157,6 +163,52 @@ def plot_runs(run_dirs: Sequence[Path], out: Path, x_key: str = "env_steps",
     finally:
         plt.close(figure)
     return Path(out)
+
+
+def is_population(path: Path) -> bool:
+    """Whether ``path`` is an ``impactrl tune`` experiment directory."""
+    from impactrl.population.experiment import SPEC
+
+    return (Path(path) / SPEC).is_file()
+
+
+def plot_population(experiment: Path, out: Path, x_key: str = "env_steps", y_key: str = "episode_return_mean",
+                    title: str | None = None, smooth: float | None = None) -> Path:
+    """An ``impactrl tune`` experiment: each trial's curve, thin, and the best trial's lineage over
+    them, thick: the training its final agent carries, trial by trial across the exploits."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from impactrl.population.record import lineage, read_exploits
+
+    check_picture_format(out)
+    trials = sorted(path for path in (Path(experiment) / "trials").glob("*") if (path / "metrics.jsonl").is_file())
+    if not trials:
+        raise UserError(f"{experiment}: no trial has written metrics yet")
+    curves = {}
+    for trial in trials:
+        xs, ys = curve(read_records(trial), x_key, y_key)
+        curves[trial.name] = (np.asarray(xs, dtype=float), trailing_mean(xs, ys, smooth) if smooth else np.asarray(ys))
+    if not any(len(xs) for xs, _ in curves.values()):
+        raise UserError(f"--y {y_key}: no trial of {experiment} has it in its metrics")
+    figure, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for name, (xs, ys) in curves.items():
+        ax.plot(xs, ys, linewidth=0.9, alpha=0.6, label=name)
+    best = max(curves, key=lambda name: curves[name][1][-1] if len(curves[name][1]) else -np.inf)
+    spans = lineage(best, read_exploits(experiment))
+    for span, following in zip(spans, [*spans[1:], None]):
+        xs, ys = curves.get(span["trial"], (np.array([]), np.array([])))
+        end = following["from_env_steps"] if following else np.inf
+        inside = (xs >= span["from_env_steps"]) & (xs <= end)
+        ax.plot(xs[inside], ys[inside], color="black", linewidth=2.2,
+                label=f"best lineage (ends in {best})" if span is spans[0] else None)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(y_key)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save_figure(figure, out, title)
 
 
 def check_picture_format(out: Path) -> None:

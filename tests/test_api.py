@@ -35,8 +35,8 @@ def test_the_library_never_imports_the_cli():
 
 
 def test_the_cli_stays_a_parser():
-    """What parses and prints, in under 250 lines (tests/test_code_shape.py bounds each function)."""
-    assert len((PACKAGE / "cli.py").read_text().splitlines()) < 250
+    """What parses and prints six commands, in under 300 lines (tests/test_code_shape.py bounds each function)."""
+    assert len((PACKAGE / "cli.py").read_text().splitlines()) < 300
 
 
 def test_the_train_command_trains_through_impactrl_train(tmp_path: Path, capsys):

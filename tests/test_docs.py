@@ -84,8 +84,8 @@ def test_a_documented_command_runs_as_written(doc: str, command: str, fenced: bo
     program, args = program_and_args(words(command))
     train = program[-1] == "train"
     used = flags_in(args)
-    known = flags_of(program, train) | (flags_of(TRAIN, True) if program[-1] == "bench" else frozenset())
-    unknown = used - known  # (impactrl bench takes every train flag besides its own)
+    known = flags_of(program, train) | (flags_of(TRAIN, True) if program[-1] in ("bench", "tune") else frozenset())
+    unknown = used - known  # (impactrl bench and tune take every train flag besides their own)
     if "--extra" in args:  # an experiment's flags for every impactrl train it runs
         unknown |= flags_in(shlex.split(args[args.index("--extra") + 1])) - flags_of(TRAIN, True)
     assert not unknown, f"{doc}: `{command}` has flags its program lacks: {sorted(unknown)}"

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from impactrl.algos import make_algorithm
-from impactrl.algos.base import Algorithm, LossExtras, make_optimizer, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, make_optimizer, optimizer_settings, to_floats
 from impactrl.checkpoint import checkpoint_dir, restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, keep_unrolls, restack_frames, to_device
@@ -324,6 +324,8 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:
+            group.update(optimizer_settings(self.config))
         self.algorithm.load_state_dict(state["algorithm"])
         self.counters = LearnerCounters(**state["learner"])
         self._unseen_obs = [obs.to(self.device) for obs in state["unseen_obs"]]
