@@ -183,7 +183,8 @@ def bench(argv: Sequence[str]) -> int:
 def evaluate(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="impactrl eval", description="Play episodes with a trained agent "
                             "(whole games, no episodic life) and print one JSON line.")
-    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or a checkpoint file")
+    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint), a checkpoint file, or an "
+                        "impactrl tune experiment (its best trial's latest checkpoint)")
     parser.add_argument("--episodes", type=int, default=30, help="episodes to play (default 30, as the Atari papers "
                         "report; Atari games start with the run's no-op starts)")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs (default 12345)")
@@ -213,6 +214,10 @@ def evaluate(argv: Sequence[str]) -> int:
 
     from impactrl.evaluation import evaluate_checkpoint
     from impactrl.metrics import json_line
+    from impactrl.population.record import best_run_dir, is_experiment
+
+    if is_experiment(args.path):
+        args.path = best_run_dir(args.path)
 
     # A few envs per forward pass: more threads only add synchronisation (much slower on a busy machine).
     torch.set_num_threads(1)
@@ -240,9 +245,10 @@ def plot(argv: Sequence[str]) -> int:
     if args.smooth is not None and not args.smooth > 0:
         raise UserError(f"--smooth must be a positive span of the x axis, got {args.smooth:g}")
     check_out(args.out, directory=False)
-    from impactrl.plotting import is_population, plot_population, plot_runs
+    from impactrl.plotting import plot_population, plot_runs
+    from impactrl.population.record import is_experiment
 
-    if len(args.runs) == 1 and is_population(args.runs[0]):
+    if len(args.runs) == 1 and is_experiment(args.runs[0]):
         print(plot_population(args.runs[0], args.out, args.x, args.y, args.title, args.smooth))
     else:
         print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run, args.smooth))

@@ -165,13 +165,6 @@ def save_figure(figure, out: Path, title: str | None) -> Path:
     return Path(out)
 
 
-def is_population(path: Path) -> bool:
-    """Whether ``path`` is an ``impactrl tune`` experiment directory."""
-    from impactrl.population.experiment import SPEC
-
-    return (Path(path) / SPEC).is_file()
-
-
 def plot_population(experiment: Path, out: Path, x_key: str = "env_steps", y_key: str = "episode_return_mean",
                     title: str | None = None, smooth: float | None = None) -> Path:
     """An ``impactrl tune`` experiment: each trial's curve, thin, and the best trial's lineage over

@@ -174,6 +174,8 @@ def test_an_exploit_copies_the_sources_checkpoint_and_trains_with_the_new_settin
         assert line["optim/learning_rate"] >= new_rate * (1 - line["env_steps"] / 4000) - 1e-12
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exploits"] == 1 and {trial["trial"] for trial in summary["trials"]} == set(results_of(out))
+    evaluated = run_cli("eval", str(out), "--episodes", "2")  # the best trial's agent
+    assert evaluated.returncode == 0 and json.loads(evaluated.stdout)["episodes"] == 2, evaluated.stderr[-2000:]
     plot = run_cli("plot", str(out), "--out", str(tmp_path / "population.png"))
     assert plot.returncode == 0, plot.stderr
     assert (tmp_path / "population.png").stat().st_size > 0

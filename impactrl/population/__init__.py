@@ -4,7 +4,8 @@ A population of impactrl runs (trials) trains under Ray Tune, each on the node T
 with PBT (exploit a better trial's checkpoint, explore its settings), PB2 (the same, with the
 explore step from a Gaussian-process bandit) or a plain random search (the same starts, no
 exploit). Modules: ``space`` (the explored ranges and starting values), ``trial`` (one run as a
-Tune ``Trainable``), ``record`` (pbt.jsonl, lineage, summary.json), ``progress`` (the terminal),
+Tune ``Trainable``), ``schedulers`` (PBT and PB2, writing pbt.jsonl), ``record`` (pbt.jsonl,
+lineage and summary.json read back, without Ray), ``progress`` (the terminal),
 ``experiment`` (the plan, its checks, the Tuner). docs/tune.md says how it works.
 """
 

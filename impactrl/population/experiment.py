@@ -17,10 +17,10 @@ import yaml
 
 from impactrl.config import TrainConfig, coerce, to_yaml
 from impactrl.errors import UserError
+from impactrl.population.record import SPEC
 from impactrl.population.space import Explored, parse_explored, parse_initial, starting_points
 
 SEARCHES = ("pbt", "pb2", "random")
-SPEC = "population.yaml"
 METRIC = "episode_return_mean"  # the mean return of a trial's last 100 training episodes
 
 
@@ -151,7 +151,8 @@ def tuner(population: Population, experiment: Path, quiet: bool, resume: bool):
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     from impactrl.population.progress import Progress
-    from impactrl.population.record import EXPLOITS, RecordedPB2, RecordedPBT
+    from impactrl.population.record import EXPLOITS
+    from impactrl.population.schedulers import RecordedPB2, RecordedPBT
     from impactrl.population.trial import TRAINED_TO, ImpactrlTrial, TrialPlan
 
     plan = TrialPlan(population.base, experiment / "trials", population.interval_env_steps)

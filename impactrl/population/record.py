@@ -1,65 +1,18 @@
-"""What a population did, on disk: ``pbt.jsonl`` (a line per exploit and explore, written as they
-happen) and ``summary.json`` (each trial's final return and lineage, written at the end)."""
+"""What a population did, on disk: ``pbt.jsonl`` (a line per exploit and explore, which
+``schedulers`` writes as they happen) and ``summary.json`` (each trial's final return and lineage,
+written at the end). Read without Ray: ``impactrl plot`` and ``eval`` take an experiment."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from ray.tune.experiment import Trial
-from ray.tune.schedulers import PopulationBasedTraining
-from ray.tune.schedulers.pb2 import PB2
+from impactrl.errors import UserError
 
+SPEC = "population.yaml"  # what impactrl tune was asked (experiment.Population)
 EXPLOITS = "pbt.jsonl"
 SUMMARY = "summary.json"
-
-
-class RecordsExploits:
-    """A PBT scheduler that appends each exploit to ``pbt.jsonl``: the env steps the source had
-    reached, the trial, its source, and each explored setting before, in the source, and after
-    the explore step."""
-
-    def __init__(self, *args, record: Path, names: Iterable[str], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.record, self.names = str(record), list(names)
-
-    def _exploit(self, tune_controller, trial, trial_to_clone):  # PBT's own hook (and PB2's)
-        before = {name: trial.config.get(name) for name in self.names}
-        source = {name: trial_to_clone.config.get(name) for name in self.names}
-        result = self._trial_state[trial_to_clone].last_result or {}
-        score = self._trial_state[trial].last_score
-        super()._exploit(tune_controller, trial, trial_to_clone)
-        line = {"time": time.time(), "env_steps": result.get("env_steps"), "trial": trial.trial_id,
-                "source": trial_to_clone.trial_id, "trial_return": score, "source_return": result.get(self._metric),
-                "settings": {name: {"before": before[name], "source": source[name], "after": trial.config.get(name)}
-                             for name in self.names}}
-        with open(self.record, "a") as file:
-            file.write(json.dumps(line) + "\n")
-
-
-    def choose_trial_to_run(self, tune_controller):
-        """Ray's synchronous PBT sets the next sync point to at most the furthest trial's time: when
-        every trial comes back at or past it (a restored experiment starts its scheduler afresh, at
-        time 0), none would be chosen and the experiment would wait forever. Then the next sync is
-        an interval past the furthest trial."""
-        chosen = super().choose_trial_to_run(tune_controller)
-        waiting = [trial for trial in tune_controller.get_trials() if trial.status in (Trial.PENDING, Trial.PAUSED)]
-        if (chosen is None and self._synch and waiting and len(waiting) == len(tune_controller.get_live_trials())
-                and all(self._trial_state[trial].last_train_time >= self._next_perturbation_sync for trial in waiting)):
-            furthest = max(self._trial_state[trial].last_train_time for trial in waiting)
-            self._next_perturbation_sync = furthest + self._perturbation_interval
-            chosen = super().choose_trial_to_run(tune_controller)
-        return chosen
-
-
-class RecordedPBT(RecordsExploits, PopulationBasedTraining):
-    pass
-
-
-class RecordedPB2(RecordsExploits, PB2):
-    pass
 
 
 def read_exploits(experiment: Path) -> list[dict[str, Any]]:
@@ -98,3 +51,21 @@ def write_summary(experiment: Path, trials: list[dict[str, Any]]) -> dict[str, A
     path.with_suffix(".partial").write_text(json.dumps(summary, indent=1))
     path.with_suffix(".partial").replace(path)
     return summary
+
+
+def is_experiment(path: Path) -> bool:
+    """Whether ``path`` is an ``impactrl tune`` experiment directory."""
+    return (Path(path) / SPEC).is_file()
+
+
+def best_run_dir(experiment: Path) -> Path:
+    """The run directory of the best trial ``summary.json`` names (``impactrl eval EXPERIMENT``)."""
+    path = Path(experiment) / SUMMARY
+    if not path.is_file():
+        raise UserError(f"{experiment} has no {SUMMARY} yet (written when impactrl tune ends): evaluate a trial, "
+                        f"{Path(experiment) / 'trials' / 'TRIAL_ID'}")
+    summary = json.loads(path.read_text())
+    best = next((trial for trial in summary["trials"] if trial["trial"] == summary["best"]), None)
+    if best is None:
+        raise UserError(f"{path}: no trial finished an episode, so none is best")
+    return Path(best["run_dir"])
