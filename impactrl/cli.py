@@ -249,7 +249,7 @@ def plot(argv: Sequence[str]) -> int:
     from impactrl.population.record import is_experiment
 
     if len(args.runs) == 1 and is_experiment(args.runs[0]):
-        print(plot_population(args.runs[0], args.out, args.x, args.y, args.title, args.smooth))
+        print(plot_population(args.runs[0], args.out, args.x, args.y, args.title))
     else:
         print(plot_runs(args.runs, args.out, args.x, args.y, args.title, args.each_run, args.smooth))
     return 0

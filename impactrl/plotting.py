@@ -166,39 +166,45 @@ def save_figure(figure, out: Path, title: str | None) -> Path:
 
 
 def plot_population(experiment: Path, out: Path, x_key: str = "env_steps", y_key: str = "episode_return_mean",
-                    title: str | None = None, smooth: float | None = None) -> Path:
-    """An ``impactrl tune`` experiment: each trial's curve, thin, and the best trial's lineage over
-    them, thick: the training its final agent carries, trial by trial across the exploits."""
+                    title: str | None = None) -> Path:
+    """An ``impactrl tune`` experiment: each trial's results at the end of each interval (by default
+    the mean return of its last 100 episodes, what PBT ranks), thin, and the best trial's lineage
+    over them, thick: the training its final agent carries, trial by trial across the exploits."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from impactrl.population.record import lineage, read_exploits
+    from impactrl.population.record import best_trial, interval_results, lineage, read_exploits
 
     check_picture_format(out)
-    trials = sorted(path for path in (Path(experiment) / "trials").glob("*") if (path / "metrics.jsonl").is_file())
-    if not trials:
-        raise UserError(f"{experiment}: no trial has written metrics yet")
-    curves = {}
-    for trial in trials:
-        xs, ys = curve(read_records(trial), x_key, y_key)
-        curves[trial.name] = (np.asarray(xs, dtype=float), trailing_mean(xs, ys, smooth) if smooth else np.asarray(ys))
-    if not any(len(xs) for xs, _ in curves.values()):
-        raise UserError(f"--y {y_key}: no trial of {experiment} has it in its metrics")
+    results = interval_results(experiment)
+    if not results:
+        raise UserError(f"{experiment}: no trial has reported a result yet")
+    known = curve_keys([line for lines in results.values() for line in lines])
+    for flag, key in (("--x", x_key), ("--y", y_key)):
+        if key not in known:
+            raise UserError(f"{flag} {key}: no such key in the trials' results (keys: {', '.join(sorted(known))})")
+    curves = {trial: (np.array([line[x_key] for line in lines], dtype=float),
+                      np.array([line[y_key] if line[y_key] is not None else np.nan for line in lines], dtype=float))
+              for trial, lines in sorted(results.items())}
     figure, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for name, (xs, ys) in curves.items():
-        ax.plot(xs, ys, linewidth=0.9, alpha=0.6, label=name)
-    best = max(curves, key=lambda name: curves[name][1][-1] if len(curves[name][1]) else -np.inf)
+    for trial, (xs, ys) in curves.items():
+        ax.plot(xs, ys, linewidth=0.9, alpha=0.7, marker=".", markersize=3, label=trial)
+    best = best_trial(experiment) or max(curves, key=lambda trial: np.nan_to_num(curves[trial][1][-1], nan=-np.inf))
     spans = lineage(best, read_exploits(experiment))
-    for span, following in zip(spans, [*spans[1:], None]):
-        xs, ys = curves.get(span["trial"], (np.array([]), np.array([])))
-        end = following["from_env_steps"] if following else np.inf
-        inside = (xs >= span["from_env_steps"]) & (xs <= end)
-        ax.plot(xs[inside], ys[inside], color="black", linewidth=2.2,
-                label=f"best lineage (ends in {best})" if span is spans[0] else None)
+    steps = {trial: np.array([line["env_steps"] for line in lines]) for trial, lines in results.items()}
+    xs_best, ys_best = [], []
+    for index, span in enumerate(spans):
+        end = spans[index + 1]["from_env_steps"] if index + 1 < len(spans) else np.inf
+        xs, ys = curves[span["trial"]]
+        taken = steps[span["trial"]]
+        inside = ((taken > span["from_env_steps"]) if index else (taken >= 0)) & (taken <= end)
+        xs_best += list(xs[inside])
+        ys_best += list(ys[inside])
+    ax.plot(xs_best, ys_best, color="black", linewidth=2.2, label=f"best lineage (ends in {best})")
     ax.set_xlabel(x_key)
-    ax.set_ylabel(y_key)
+    ax.set_ylabel(y_key + (" (last 100 episodes)" if y_key == "episode_return_mean" else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return save_figure(figure, out, title)

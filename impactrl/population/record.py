@@ -69,3 +69,24 @@ def best_run_dir(experiment: Path) -> Path:
     if best is None:
         raise UserError(f"{path}: no trial finished an episode, so none is best")
     return Path(best["run_dir"])
+
+
+def interval_results(experiment: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each trial's results as it reported them to Tune at the end of each interval (Tune's
+    ``result.json``), by trial id, in env-step order; a line cut short by a kill is left out."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in Path(experiment).glob("*/result.json"):
+        for line in path.read_text().splitlines():
+            try:
+                result = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(result, dict) and "trial_id" in result and "env_steps" in result:
+                found.setdefault(result["trial_id"], []).append(result)
+    return {trial: sorted(lines, key=lambda line: line["env_steps"]) for trial, lines in found.items()}
+
+
+def best_trial(experiment: Path) -> str | None:
+    """The best trial ``summary.json`` names, None before the experiment has ended."""
+    path = Path(experiment) / SUMMARY
+    return json.loads(path.read_text())["best"] if path.is_file() else None
