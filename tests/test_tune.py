@@ -79,7 +79,7 @@ def test_population_settings_checked_before_ray_starts():
     plan = dict(population=4, explore=explore, initial=[], search="pbt", interval_env_steps=None,
                 cpus_per_trial=None, quantile_fraction=0.25, max_failures=2)
     population = plan_population(TrainConfig(total_env_steps=100_000, num_actors=3), **plan)
-    assert population.interval_env_steps == 5_000 and population.cpus_per_trial == 4
+    assert population.interval_env_steps == 5_000 and population.cpus_per_trial is None
     assert Population.from_yaml(population.to_yaml()) == population
     for change, message in [({"search": "grid"}, "--search must be one of"), ({"population": 1}, "--population"),
                             ({"interval_env_steps": 200_000}, "--interval-env-steps"),

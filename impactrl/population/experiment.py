@@ -7,9 +7,13 @@ metrics.jsonl, TensorBoard, checkpoints), ``pbt.jsonl`` and ``summary.json`` (``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,7 +37,7 @@ class Population:
     starts: tuple[dict[str, Any], ...]  # each trial's starting values of the explored settings
     search: str
     interval_env_steps: int
-    cpus_per_trial: float
+    cpus_per_trial: float | None  # None: the trial's processes, at most a node's CPUs (trial_cpus)
     quantile_fraction: float
     max_failures: int
 
@@ -96,11 +100,11 @@ def plan_population(base: TrainConfig, *, population: int, explore: Sequence[str
     if not 0 < interval <= base.total_env_steps:
         raise UserError(f"--interval-env-steps must be in [1, --total-env-steps ({base.total_env_steps:,})], "
                         f"got {interval:,}")
-    cpus = cpus_per_trial if cpus_per_trial is not None else float(base.num_learners + base.num_actors)
-    if not cpus > 0:
-        raise UserError(f"--cpus-per-trial must be > 0, got {cpus:g}")
+    if cpus_per_trial is not None and not cpus_per_trial > 0:
+        raise UserError(f"--cpus-per-trial must be > 0, got {cpus_per_trial:g}")
     starts = starting_points(explored, parse_initial(initial, explored, population), population, base.seed)
-    return Population(base, tuple(explored), tuple(starts), search, interval, cpus, quantile_fraction, max_failures)
+    return Population(base, tuple(explored), tuple(starts), search, interval, cpus_per_trial, quantile_fraction,
+                      max_failures)
 
 
 def check_trials(population: Population, trials_dir: Path) -> None:
@@ -120,32 +124,46 @@ def check_trials(population: Population, trials_dir: Path) -> None:
             validate_train(config, None)
 
 
-def start_ray(address: str | None) -> None:
+def start_ray(address: str | None) -> bool:
+    """Join the cluster at ``address``, or start a local Ray instance with a CPU per core (stopped
+    with this process, however it ends); False where this process had joined one already (then it
+    is left as it was)."""
     import ray
 
+    from impactrl.runtime.ray.cluster import join, plain_output, reap_with_this_process
+
     if ray.is_initialized():
-        return
-    try:
-        if address is None:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="warning",
-                     log_to_driver=False)
-        else:
-            ray.init(address=address, logging_level="warning", log_to_driver=False)
-    except ConnectionError as error:
-        raise UserError(f"--ray-address {address}: cannot join the Ray cluster there ({error})") from None
+        return False
+    if address is not None:
+        join(address)
+        return True
+    plain_output()
+    reap_with_this_process()
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False)
+    return True
 
 
-def check_cluster_holds(cpus_per_trial: float) -> None:
-    """One trial fits on one of the cluster's nodes (Tune packs a trial's learner and actors on one)."""
+def trial_cpus(population: Population) -> float:
+    """The CPUs a trial reserves: ``--cpus-per-trial``, else its learners and actor processes, at
+    most the largest node's CPUs (with a note); one trial must fit on one node."""
     import ray
 
     largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
-    if cpus_per_trial > largest:
-        raise UserError(f"a trial needs {cpus_per_trial:g} CPUs (its learners and actor processes) and the largest "
-                        f"node of the Ray cluster has {largest:g}: lower --num-actors, or set --cpus-per-trial")
+    if population.cpus_per_trial is not None:
+        if population.cpus_per_trial > largest:
+            raise UserError(f"--cpus-per-trial {population.cpus_per_trial:g}: the largest node of the Ray cluster "
+                            f"has {largest:g} CPUs, and a trial runs on one node")
+        return population.cpus_per_trial
+    processes = population.base.num_learners + population.base.num_actors
+    if processes <= largest:
+        return float(processes)
+    print(f"impactrl tune: note: a trial runs {processes} processes (learners and actors) and the largest node has "
+          f"{largest:g} CPUs: each trial reserves {largest:g} (--cpus-per-trial sets it)", file=sys.stderr)
+    return float(largest)
 
 
-def tuner(population: Population, experiment: Path, quiet: bool, resume: bool):
+def tuner(population: Population, experiment: Path, cpus: float, quiet: bool, resume: bool):
     """Ray Tune's Tuner for ``population`` in ``experiment`` (restored from it with ``resume``)."""
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
@@ -156,7 +174,7 @@ def tuner(population: Population, experiment: Path, quiet: bool, resume: bool):
     from impactrl.population.trial import TRAINED_TO, ImpactrlTrial, TrialPlan
 
     plan = TrialPlan(population.base, experiment / "trials", population.interval_env_steps)
-    trainable = tune.with_resources(tune.with_parameters(ImpactrlTrial, plan=plan), {"cpu": population.cpus_per_trial})
+    trainable = tune.with_resources(tune.with_parameters(ImpactrlTrial, plan=plan), {"cpu": cpus})
     if resume:
         return tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
     names = [item.name for item in population.explored]
@@ -212,15 +230,16 @@ def run_population(population: Population | None, experiment: Path, *, resume: b
             raise UserError(f"--out {experiment} already holds files; continue it with impactrl tune --resume "
                             f"{experiment} or pick a new --out")
         check_trials(population, experiment / "trials")
-    start_ray(ray_address)
+    started = start_ray(ray_address)
     try:
-        check_cluster_holds(population.cpus_per_trial)
+        cpus = trial_cpus(population)
         if not resume:
             experiment.mkdir(parents=True, exist_ok=True)
             (experiment / SPEC).write_text(population.to_yaml())
-        results = tuner(population, experiment, quiet, resume).fit()
+        with tune_output_off():
+            results = tuner(population, experiment, cpus, quiet, resume).fit()
     finally:
-        if ray_address is None:
+        if started:
             ray.shutdown()
     trials = [trial_summary(result, population) for result in results]
     summary = write_summary(experiment, trials)
@@ -231,6 +250,24 @@ def run_population(population: Population | None, experiment: Path, *, resume: b
     best = next((trial for trial in trials if trial["trial"] == summary["best"]), None)
     return TuneResult(experiment, Path(best["run_dir"]) if best else None, best["return"] if best else None,
                       summary["exploits"], trials)
+
+
+@contextlib.contextmanager
+def tune_output_off():
+    """Ray Tune's own report (a settings box, a TensorBoard hint for its own files, advice on
+    reusing actors, which a trial that restarts its processes every interval cannot take) left
+    out for the lines ``progress.Progress`` prints; the environment put back after."""
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
+            yield
+    finally:
+        if before is None:
+            del os.environ["RAY_AIR_NEW_OUTPUT"]
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
 
 
 def trial_summary(result, population: Population) -> dict[str, Any]:

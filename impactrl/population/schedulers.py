@@ -13,9 +13,9 @@ from ray.tune.schedulers.pb2 import PB2
 
 
 class RecordsExploits:
-    """A PBT scheduler that appends each exploit to ``pbt.jsonl``: the env steps the source had
+    """A PBT scheduler that appends each exploit to ``pbt.jsonl`` (the env steps the source had
     reached, the trial, its source, and each explored setting before, in the source, and after
-    the explore step."""
+    the explore step), and whose synchronous mode survives a resume (``choose_trial_to_run``)."""
 
     def __init__(self, *args, record: Path, names: Iterable[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -33,7 +33,6 @@ class RecordsExploits:
                              for name in self.names}}
         with open(self.record, "a") as file:
             file.write(json.dumps(line) + "\n")
-
 
     def choose_trial_to_run(self, tune_controller):
         """Ray's synchronous PBT sets the next sync point to at most the furthest trial's time: when

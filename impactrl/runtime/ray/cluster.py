@@ -95,18 +95,7 @@ def preflight(config: TrainConfig) -> None:
                             "join a cluster whose nodes offer it with --ray-address")
         check_local_learner_resources(config)
         return
-    if config.ray_address != "auto":
-        host, _, port = config.ray_address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5.0).close()
-        except OSError as error:
-            raise UserError(f"--ray-address {config.ray_address}: nothing answers there ({error.strerror or error}); "
-                            "start the head with `ray start --head` and pass the address it prints") from None
-    plain_output()
-    try:
-        ray.init(address=config.ray_address, logging_level=logging.WARNING)
-    except (ConnectionError, ValueError, RuntimeError) as error:
-        raise UserError(f"--ray-address {config.ray_address}: cannot join the Ray cluster: {first_line(error)}") from None
+    join(config.ray_address)
     nodes, capacity, asked = actor_capacity(config)
     if capacity < config.num_actors:
         ray.shutdown()
@@ -158,6 +147,22 @@ def cluster_room(config: TrainConfig) -> str:
         return (f"no node has room for them (the cluster's {nodes} node(s) can hold {capacity} of the "
                 f"{config.num_actors} actors, asking for {asked} each; add a node or lower --ray-actor-cpus)")
     return f"the cluster's {nodes} node(s) can hold all {config.num_actors} actors (asking for {asked} each)"
+
+
+def join(address: str) -> None:
+    """Join the Ray cluster at ``address`` (HOST:PORT or auto); one line when nothing answers there."""
+    if address != "auto":
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5.0).close()
+        except OSError as error:
+            raise UserError(f"--ray-address {address}: nothing answers there ({error.strerror or error}); "
+                            "start the head with `ray start --head` and pass the address it prints") from None
+    plain_output()
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        raise UserError(f"--ray-address {address}: cannot join the Ray cluster: {first_line(error)}") from None
 
 
 def connect(config: TrainConfig) -> None:
