@@ -236,11 +236,14 @@ def test_ctrl_c_stops_the_experiment_and_resume_finishes_it_with_no_trial_starti
                                 "--search", "pbt", "--total-env-steps", "6000", "--interval-env-steps", "2000",
                                 "--explore", "learning-rate=1e-4..3e-3:log", "--out", str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    while len(results_of(out) if out.is_dir() else {}) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    seen = []  # Ctrl-C once both trials have reported their first interval, as the terminal shows it
+    for line in process.stdout:
+        seen.append(line)
+        if sum("env steps" in line for line in seen) == 2:
+            break
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=300)
+    output = "".join(seen) + output
     assert process.returncode != 0, output[-3000:]
     assert f"impactrl tune --resume {out}" in output
     resumed = tune_cli("--resume", str(out))
