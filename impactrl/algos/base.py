@@ -31,21 +31,22 @@ from impactrl.runtime.distributed import LearnerGroup
 
 
 def optimizer_settings(config: TrainConfig) -> dict[str, float]:
-    """The optimiser's hyperparameters as the config sets them: at construction, and again over the
-    values a loaded optimiser state brings (a resumed run's or an exploited trial's changed setting wins)."""
+    """The optimiser's hyperparameters besides the learning rate (which the learner sets at every
+    step, annealed) as the config sets them: at construction, and again over the values a loaded
+    optimiser state brings (a resumed run's or an exploited trial's changed setting wins)."""
     if config.optimizer == "adam":
-        return {"lr": config.learning_rate, "eps": config.adam_eps}
-    return {"lr": config.learning_rate, "alpha": config.rmsprop_alpha, "eps": config.rmsprop_eps,
-            "momentum": config.rmsprop_momentum}
+        return {"eps": config.adam_eps}
+    return {"alpha": config.rmsprop_alpha, "eps": config.rmsprop_eps, "momentum": config.rmsprop_momentum}
 
 
 def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
     # foreach: one fused kernel per step over all parameters (PyTorch only defaults to it on CUDA).
+    settings = {"lr": config.learning_rate, **optimizer_settings(config)}
     if config.optimizer == "adam":
-        return torch.optim.Adam(parameters, **optimizer_settings(config), foreach=True)
+        return torch.optim.Adam(parameters, **settings, foreach=True)
     if config.optimizer == "rmsprop_tf":
-        return RMSpropTF(parameters, **optimizer_settings(config))
-    return torch.optim.RMSprop(parameters, **optimizer_settings(config), foreach=True)
+        return RMSpropTF(parameters, **settings)
+    return torch.optim.RMSprop(parameters, **settings, foreach=True)
 
 
 def to_floats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
