@@ -25,7 +25,7 @@ USAGE = """usage: impactrl {train,tune,eval,plot,bench,diagnose} ...
 
   impactrl train --algo impala --env CartPole-v1 --out runs/cartpole   train (see impactrl train --help)
   impactrl train --resume RUN_DIR [--checkpoint NAME]                  continue a stopped run
-  impactrl tune --env minatar:breakout --explore learning-rate=1e-4..3e-3:log --out runs/pbt
+  impactrl tune --env MinAtar/Breakout-v1 --explore learning-rate=1e-4..3e-3:log --out runs/pbt
                                                                        a population under Ray Tune (PBT)
   impactrl eval RUN_DIR_OR_CHECKPOINT --episodes 20                    evaluate, print one JSON line
   impactrl plot RUN_DIR [RUN_DIR ...] --out curves.png                 learning curves

@@ -53,7 +53,7 @@ def tune(env: str | None = None, algo: str | None = None, *, explore: Sequence[s
             raise UserError("impactrl.tune: config is a whole TrainConfig; give it alone, or env, algo and settings")
         base = config
     elif env is None:
-        raise UserError('impactrl.tune: env is required (a Gymnasium id, e.g. env="minatar:breakout")')
+        raise UserError('impactrl.tune: env is required (a Gymnasium id, e.g. env="MinAtar/Breakout-v1")')
     else:
         base, _ = resolved(env, algo, None, None, settings)
     plan = plan_population(base, population=population, explore=explore, initial=initial, search=search,
