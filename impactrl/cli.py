@@ -146,9 +146,10 @@ def tune(argv: Sequence[str]) -> int:
     best = "no trial finished an episode" if result.best_run_dir is None else (
         f"best {result.best_return:.2f} in {result.best_run_dir}")
     print(f"done: {len(result.trials)} trials, {result.exploits} exploits; {best}; {result.experiment / 'summary.json'}")
-    for trial in (trial for trial in result.trials if trial["error"] is not None):
+    failed = [trial for trial in result.trials if trial["error"] is not None]
+    for trial in failed:
         print(f"impactrl tune: trial {trial['trial']} failed beyond --max-failures: {trial['error']}", file=sys.stderr)
-    return 1 if any(trial["error"] is not None for trial in result.trials) else 0
+    return 1 if failed else 0
 
 
 def bench(argv: Sequence[str]) -> int:

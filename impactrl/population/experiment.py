@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from impactrl.config import TrainConfig, coerce, to_yaml
+from impactrl.config import TrainConfig, coerce, to_yaml, unread_settings
 from impactrl.errors import UserError
 from impactrl.population.record import SPEC
 from impactrl.population.space import Explored, parse_explored, parse_initial, starting_points
@@ -89,10 +89,9 @@ def plan_population(base: TrainConfig, *, population: int, explore: Sequence[str
     if base.runtime != "local":
         raise UserError("--runtime ray: each trial runs its actors as local processes on the node Tune places it "
                         "on (Tune spreads the trials over the cluster: --ray-address)")
-    explored = parse_explored(explore, base)
-    from impactrl.config import unread_settings
     from impactrl.envs.tasks import tasks_family
 
+    explored = parse_explored(explore, base)
     unread = unread_settings(base, {item.name for item in explored}, tasks_family(base.env))
     if unread:
         raise UserError(f"--explore: {unread[0]}; exploring it would change nothing")

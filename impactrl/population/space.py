@@ -48,9 +48,6 @@ class Explored:
             return tune.lograndint(int(self.low), high) if self.log else tune.randint(int(self.low), high)
         return tune.loguniform(self.low, self.high) if self.log else tune.uniform(self.low, self.high)
 
-    def flag(self) -> str:
-        return f"--{self.name.replace('_', '-')}"
-
 
 def numeric_type(name: str) -> type | None:
     """int or float for a numeric TrainConfig setting (``X | None`` included), else None."""
@@ -61,8 +58,13 @@ def numeric_type(name: str) -> type | None:
     return kinds.pop() if kinds in ({int}, {float}) else None
 
 
+def setting_of(text: str) -> str:
+    """The setting a name in ``--explore`` or ``--initial`` stands for (``learning-rate`` -> ``learning_rate``)."""
+    return text.strip().lstrip("-").replace("-", "_")
+
+
 def setting_name(text: str, option: str) -> str:
-    name = text.strip().lstrip("-").replace("-", "_")
+    name = setting_of(text)
     if numeric_type(name) is None:
         raise UserError(f"{option} {text}: not a numeric training setting (see impactrl train --help)")
     if name in NOT_EXPLORABLE:
@@ -117,7 +119,7 @@ def parse_initial(texts: Sequence[str], explored: Sequence[Explored], population
     initial: dict[str, list] = {}
     for text in texts:
         name_part, _, values_text = text.partition("=")
-        name = name_part.strip().lstrip("-").replace("-", "_")
+        name = setting_of(name_part)
         if name not in ranges:
             raise UserError(f"--initial {text}: {name} is not explored (add --explore {name_part}=LOW..HIGH)")
         values = [number(value, "--initial", text) for value in values_text.split(",")]

@@ -81,8 +81,7 @@ class ImpactrlTrial(tune.Trainable):
         return {TRAINED_TO: until, "env_steps": result.env_steps, "updates": result.updates, "episodes": result.episodes,
                 # A trial with no finished episode yet ranks last (PBT needs a number).
                 "episode_return_mean": -math.inf if result.return_mean is None else result.return_mean,
-                "run_dir": str(self.run_dir), "node_id": ray.get_runtime_context().get_node_id(),
-                "done": result.env_steps >= base.total_env_steps}
+                "run_dir": str(self.run_dir), "node_id": ray.get_runtime_context().get_node_id()}
 
     def prepare_run_dir(self, config: TrainConfig) -> tuple[Path | None, str | None]:
         """(resume, checkpoint) for ``impactrl.train``: a fresh run, the run's newest checkpoint, or the
