@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 import numpy as np
+import torch
 
 from impactrl.data.rollout import ACTOR_STAGES
 from impactrl.errors import RunDirFailed, UserError, write_failed
@@ -297,6 +298,8 @@ class IntervalStats:
         self.stage_seconds: list[np.ndarray] = []
         self.sums: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.device_sums: dict[str, torch.Tensor] = {}  # float64, where the statistics were computed
+        self.device_counts: dict[str, torch.Tensor | int] = {}
 
     def add_episodes(self, returns: np.ndarray, lengths: np.ndarray, tasks: np.ndarray) -> None:
         self.returns.extend(returns.tolist())
@@ -312,10 +315,21 @@ class IntervalStats:
         self.ages.append(ages_s)
         self.stage_seconds.append(stage_seconds)
 
-    def add(self, stats: dict[str, float]) -> None:
+    def add(self, stats: dict[str, float | torch.Tensor], taken: torch.Tensor | None = None) -> None:
+        """One step's statistics, averaged over the interval. A tensor is summed where it is, in
+        float64 (the sum of its Python floats), until ``summary`` reads all of them in one
+        transfer; ``taken`` (a 0-dim bool tensor) leaves a step that was not taken out of them."""
+        weight = 1 if taken is None else taken.double()
         for key, value in stats.items():
-            self.sums[key] += value
-            self.counts[key] += 1
+            if not isinstance(value, torch.Tensor):
+                self.sums[key] += value
+                self.counts[key] += 1
+                continue
+            value = value.detach().double()
+            if taken is not None:
+                value = torch.where(taken, value, 0.0)  # a skipped step's statistics may be NaN
+            self.device_sums[key] = self.device_sums[key] + value if key in self.device_sums else value
+            self.device_counts[key] = self.device_counts.get(key, 0) + weight
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -348,6 +362,14 @@ class IntervalStats:
             out["task"] = self._per_task()
         for key, total in self.sums.items():
             out[key] = total / self.counts[key]
+        if self.device_sums:
+            sums = list(self.device_sums.values())
+            counts = [torch.as_tensor(count, dtype=torch.float64, device=sums[0].device)
+                      for count in self.device_counts.values()]
+            read = torch.stack(sums + counts).tolist()
+            for key, total, count in zip(self.device_sums, read, read[len(sums):]):
+                if count:
+                    out[key] = total / count
         return out
 
     def _per_task(self) -> dict[str, dict[str, Any]]:

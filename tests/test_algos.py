@@ -235,8 +235,9 @@ def test_bfloat16_learner_keeps_float32_weights_and_losses_and_tracks_float32(al
 
 
 def test_a_skipped_update_leaves_neither_its_kl_nor_its_value_targets_behind():
-    """An update whose loss is not finite is skipped (Learner._skip): its KL does not count
-    towards the target period's mean KL, and PopArt's statistics do not move to its targets."""
+    """An update whose loss is not finite is skipped on the device (Learner.update): its KL does
+    not count towards the target period's mean KL, PopArt's statistics do not move to its targets,
+    and the skips are counted when the learner reads them (at a metrics line)."""
     config = dataclasses.replace(IMPACT, popart=True, use_kl_loss=True, buffer_batches=1, buffer_uses=3)
     learner, batches = collect(config, slots=2)
     algorithm, head = learner.algorithm, learner.agent.value_head
@@ -245,9 +246,13 @@ def test_a_skipped_update_leaves_neither_its_kl_nor_its_value_targets_behind():
             p.add_(0.05 * torch.randn_like(p))
     statistics = [tensor.clone() for tensor in head.buffers()]
     learner.add({**batches[0], "reward": torch.full_like(batches[0]["reward"], float("nan"))})
+    weights = [p.detach().clone() for p in learner.agent.parameters()]
     for _ in range(config.buffer_uses):
-        assert learner.update() == {}
-    assert learner.counters.updates_skipped == 3 and learner.counters.updates == 0
+        learner.update()
+        assert not learner.taken
+    learner.skips.read(learner.counters)
+    assert learner.counters.updates_skipped == 3 and learner.skips.in_a_row == 3 and learner.counters.updates == 3
+    assert all(torch.equal(before, after) for before, after in zip(weights, learner.agent.parameters()))
     assert algorithm.kl_sum == 0.0
     assert all(torch.equal(before, after) for before, after in zip(statistics, head.buffers()))
     learner.add(batches[1])

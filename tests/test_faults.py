@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -125,10 +126,13 @@ def test_nan_updates_are_skipped_and_counted(run_dir: Path):
 def test_nan_updates_in_a_row_stop_the_run_with_advice(run_dir: Path):
     result = run_faulty(run_dir, "NaNCartPole-v0", "--total-env-steps", "1000000", "--max-skipped-updates", "5")
     assert result.returncode == 1
-    assert "5 learner updates in a row had a non-finite loss" in result.stderr
+    # Skips are counted on the device and read at each metrics line: the run stops at the first
+    # line with 5 or more in a row, every SGD step so far skipped.
+    in_a_row = re.search(r"(\d+) learner updates in a row had a non-finite loss", result.stderr)
+    assert in_a_row and int(in_a_row.group(1)) >= 5 and "--max-skipped-updates 5" in result.stderr
     assert "non-finite values in" in result.stderr and "reward" in result.stderr and "--learning-rate" in result.stderr
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    assert state["learner"]["updates_skipped"] == 5 and state["learner"]["updates"] == 0
+    assert state["learner"]["updates_skipped"] == state["learner"]["updates"] >= 5
     assert all(torch.isfinite(value).all() for value in state["agent"].values())
 
 

@@ -357,7 +357,6 @@ def test_value_loss_validation():
         (0.01, 1.0),  # in between: unchanged
         (0.02, 1.0),  # boundary 2·target (not strictly greater): unchanged
         (0.005, 1.0),  # boundary 0.5·target: unchanged
-        (torch.tensor(0.03), 1.5),
         (float("nan"), 1.0),
     ],
 )
@@ -365,6 +364,10 @@ def test_adaptive_kl_coefficient(kl, expected):
     out = adaptive_kl_coefficient(1.0, kl, 0.01)
     assert isinstance(out, float)
     assert out == pytest.approx(expected)
+    # The learner's form: β and the KL as tensors (float64 here), the same β without a host read.
+    on_device = adaptive_kl_coefficient(torch.tensor(1.0, dtype=torch.float64), torch.tensor(kl, dtype=torch.float64),
+                                        0.01)
+    assert isinstance(on_device, torch.Tensor) and on_device.shape == () and float(on_device) == out
 
 
 @pytest.mark.usefixtures("debug_checks")
@@ -373,6 +376,8 @@ def test_adaptive_kl_coefficient_validation():
         adaptive_kl_coefficient(1.0, 0.01, 0.0)
     with pytest.raises(ValueError, match="coefficient"):
         adaptive_kl_coefficient(-1.0, 0.01, 0.01)
+    with pytest.raises(ValueError, match="coefficient"):
+        adaptive_kl_coefficient(-1.0, torch.tensor(0.01), 0.01)
     with pytest.raises(ValueError, match="kl"):
         adaptive_kl_coefficient(1.0, torch.zeros(2), 0.01)
 

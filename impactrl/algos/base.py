@@ -8,7 +8,7 @@ The learner loop (``impactrl.runtime.learner``) is the same for every algorithm:
         algorithm.add_batch(source.next_batch()) if one is ready now
     train_batch = algorithm.next_batch()       # None: wait for more data
     loss, stats, extras = algorithm.loss(train_batch)  # one SGD step per batch drawn
-    optimiser step; algorithm.after_update(updates, extras)  # not after a skipped step
+    optimiser step; algorithm.after_update(updates, extras, taken)  # taken: False for a skipped step
     if algorithm.publish_now(): publish weights with version = updates
 
 IMPALA trains on each batch once, IMPACT draws from a circular buffer (each batch K times),
@@ -26,7 +26,7 @@ import torch
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
 from impactrl.models import Agent
-from impactrl.ops.rmsprop import RMSpropTF
+from impactrl.ops.rmsprop import RMSpropTF, RMSpropTorch
 from impactrl.runtime.distributed import LearnerGroup
 
 
@@ -39,27 +39,33 @@ def optimizer_settings(config: TrainConfig) -> dict[str, float]:
     return {"alpha": config.rmsprop_alpha, "eps": config.rmsprop_eps, "momentum": config.rmsprop_momentum}
 
 
+# Adam's kernel that reads found_inf (GradScaler's path); set again over a loaded state's flags.
+FUSED_ADAM = {"fused": True, "foreach": None}
+
+
 def make_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
-    # foreach: one fused kernel per step over all parameters (PyTorch only defaults to it on CUDA).
+    """The config's optimiser, one that reads ``found_inf`` (a 0-dim device tensor, 1: leave
+    parameters and state as they are) so that a non-finite step is skipped without a host sync."""
     settings = {"lr": config.learning_rate, **optimizer_settings(config)}
     if config.optimizer == "adam":
-        return torch.optim.Adam(parameters, **settings, foreach=True)
+        return torch.optim.Adam(parameters, **settings, **FUSED_ADAM)
     if config.optimizer == "rmsprop_tf":
         return RMSpropTF(parameters, **settings)
-    return torch.optim.RMSprop(parameters, **settings, foreach=True)
+    return RMSpropTorch(parameters, **settings)
 
 
-def to_floats(stats: dict[str, torch.Tensor | float]) -> dict[str, float]:
-    """Python floats of scalar statistics: on an accelerator one device-to-host transfer for all
-    of them instead of one sync per value; on the CPU ``item()`` each, which costs less than stacking."""
-    tensors = {key: value for key, value in stats.items() if isinstance(value, torch.Tensor)}
-    out = {key: float(value) for key, value in stats.items() if not isinstance(value, torch.Tensor)}
-    if tensors and any(value.device.type != "cpu" for value in tensors.values()):
-        values = torch.stack([value.detach().float().reshape(()) for value in tensors.values()]).tolist()
-        out.update(zip(tensors, values))
-    else:
-        out.update((key, float(value.item())) for key, value in tensors.items())
-    return out
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, config: TrainConfig) -> None:
+    """A checkpoint's optimiser state into ``make_optimizer``'s optimiser, whatever wrote it: the
+    config's settings and the fused implementation win over the saved ones (a checkpoint from
+    before fused Adam carries foreach Adam's flags, and its step counts on the CPU)."""
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group.update(optimizer_settings(config))
+        if config.optimizer == "adam":
+            group.update(FUSED_ADAM)
+            for param in group["params"]:
+                if "step" in optimizer.state.get(param, {}):
+                    optimizer.state[param]["step"] = optimizer.state[param]["step"].to(param.device, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,12 @@ class LossExtras:
     uses them, so a skipped one (non-finite loss or gradient) leaves no trace."""
 
     value_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # PopArt: V-trace targets and their tasks
-    kl: float | None = None  # IMPACT with a target network: KL(π_tgt ‖ π_θ) on the batch
+    kl: torch.Tensor | None = None  # IMPACT with a target network: KL(π_tgt ‖ π_θ) on the batch
 
 
 class LossResult(NamedTuple):
     loss: torch.Tensor  # the scalar to minimise
-    stats: dict[str, float]  # to log
+    stats: dict[str, torch.Tensor | float]  # to log: tensors stay on the device (no sync per step)
     extras: LossExtras  # for after_update
 
 
@@ -117,16 +123,16 @@ class Algorithm(ABC):
         batch, self._pending = self._pending, None
         return batch
 
-    def after_update(self, updates: int, extras: LossExtras) -> dict[str, float]:
-        """Called after every optimiser step taken, with the learner's update count and the extras
-        of the loss it stepped on; returns stats. With PopArt, moves the value statistics to the
-        targets the step trained on."""
+    def after_update(self, updates: int, extras: LossExtras, taken: torch.Tensor) -> dict[str, torch.Tensor | float]:
+        """Called after every optimiser step, with the learner's update count, the extras of the
+        loss it stepped on and whether the step was taken (a 0-dim bool on the device: a skipped
+        step must leave no trace, decided without reading it); returns stats. With PopArt, moves
+        the value statistics to the targets the step trained on."""
         if extras.value_targets is None:
             return {}
         head = self.agent.value_head
-        head.update(*extras.value_targets, reduce=self.group.sum)
-        sigma = head.sigma()
-        return {"popart/mu_mean": float(head.mu.mean()), "popart/sigma_mean": float(sigma.mean())}
+        head.update(*extras.value_targets, reduce=self.group.sum, taken=taken)
+        return {"popart/mu_mean": head.mu.mean(), "popart/sigma_mean": head.sigma().mean()}
 
     def publish_now(self) -> bool:
         """Whether actors should get the weights after this update (PPO: only after the last epoch)."""

@@ -17,7 +17,7 @@ import copy
 
 import torch
 
-from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, LossResult
 from impactrl.algos.common import agent_outputs, loss_terms, online_pass, popart_targets, value_stats, vtrace_targets
 from impactrl.config import TrainConfig
 from impactrl.data.circular_buffer import CircularBuffer
@@ -46,8 +46,10 @@ class Impact(Algorithm):
         super().__init__(config, agent)
         self.target = copy.deepcopy(agent).requires_grad_(False) if config.use_target_network else None
         self.buffer = CircularBuffer(config.buffer_batches, config.buffer_uses, seed=config.seed)
-        self.kl_coeff = config.kl_coeff
-        self.kl_sum = 0.0
+        # β and the period's KL sum live on the learner's device: adapting β reads nothing back.
+        device = next(agent.parameters()).device
+        self.kl_coeff = torch.tensor(config.kl_coeff, device=device)
+        self.kl_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.target_refreshes = 0
         self.updates_at_refresh = 0
 
@@ -108,17 +110,17 @@ class Impact(Algorithm):
             target.copy_(online)
         self.target_refreshes += 1
 
-    def after_update(self, updates: int, extras: LossExtras) -> dict[str, float]:
-        stats = super().after_update(updates, extras)
+    def after_update(self, updates: int, extras: LossExtras, taken: torch.Tensor) -> dict[str, torch.Tensor | float]:
+        stats = super().after_update(updates, extras, taken)
         if extras.kl is not None:
-            self.kl_sum += extras.kl
+            self.kl_sum = self.kl_sum + torch.where(taken, extras.kl.detach().double(), 0.0)
         if self.target is not None and updates - self.updates_at_refresh >= self.config.effective_target_update_period:
             if self.config.use_kl_loss:
                 # Once per target period, on the period's mean KL: adapting after every SGD step
                 # halves β while π_θ is still close to a fresh target, and β = 0 never recovers.
                 mean_kl = self.kl_sum / max(updates - self.updates_at_refresh, 1)
                 self.kl_coeff = adaptive_kl_coefficient(self.kl_coeff, mean_kl, self.config.kl_target)
-            self.kl_sum = 0.0
+            self.kl_sum = torch.zeros_like(self.kl_sum)
             self.refresh_target()
             self.updates_at_refresh = updates
         buffer = self.buffer.stats()
@@ -169,16 +171,15 @@ class Impact(Algorithm):
             "loss/entropy": entropy,
             **value_stats(values, vtrace),
         })
-        floats = to_floats(stats)  # the KL with the rest: no sync of its own on an accelerator
-        return LossResult(loss, floats, LossExtras(
+        return LossResult(loss, stats, LossExtras(
             value_targets=popart_targets(c, batch, vtrace),
-            kl=floats["impact/kl_target_online"] if target_policy is not None else None))
+            kl=stats["impact/kl_target_online"] if target_policy is not None else None))
 
     def state_dict(self) -> dict:
         return {
             "target": self.target.state_dict() if self.target is not None else None,
-            "kl_coeff": self.kl_coeff,
-            "kl_sum": self.kl_sum,
+            "kl_coeff": float(self.kl_coeff),
+            "kl_sum": float(self.kl_sum),
             "target_refreshes": self.target_refreshes,
             "updates_at_refresh": self.updates_at_refresh,
             "buffer": self.buffer.state_dict(lambda held: {"batch": held.batch, "target_policy": held.target_policy,
@@ -188,8 +189,8 @@ class Impact(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         if self.target is not None:
             self.target.load_state_dict(state["target"])
-        self.kl_coeff = state["kl_coeff"]
-        self.kl_sum = state["kl_sum"]
+        self.kl_coeff.fill_(state["kl_coeff"])
+        self.kl_sum.fill_(state["kl_sum"])
         self.target_refreshes = state["target_refreshes"]
         self.updates_at_refresh = state["updates_at_refresh"]
         self.buffer.load_state_dict(state["buffer"], self._held_from_state)

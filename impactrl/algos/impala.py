@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, LossResult
 from impactrl.algos.common import loss_terms, online_pass, popart_targets, value_stats, vtrace_targets
 from impactrl.data.rollout import Batch
 
@@ -45,4 +45,4 @@ class Impala(Algorithm):
             "vtrace/rho_extreme_fraction": (log_rhos.abs() > EXTREME_LOG_RHO).float().mean(),
             **value_stats(values, vtrace),
         }
-        return LossResult(loss, to_floats(stats), LossExtras(value_targets=popart_targets(c, batch, vtrace)))
+        return LossResult(loss, stats, LossExtras(value_targets=popart_targets(c, batch, vtrace)))

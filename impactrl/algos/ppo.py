@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from impactrl.algos.base import Algorithm, LossExtras, LossResult, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, LossResult
 from impactrl.algos.common import agent_outputs, rewards_and_discounts
 from impactrl.config import TrainConfig
 from impactrl.data.rollout import Batch
@@ -103,4 +103,4 @@ class PPO(Algorithm):
             "value/mean": values.mean(),
             "value/target_mean": minibatch["returns"].mean(),
         }
-        return LossResult(loss, to_floats(stats), LossExtras())
+        return LossResult(loss, stats, LossExtras())

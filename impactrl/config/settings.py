@@ -296,7 +296,7 @@ class FaultSettings:
     actor_stall_timeout_s: float = bounded(60.0, above(0, finite=True))
     """An actor without a heartbeat for this long is killed and restarted; the learner reports waiting this long for data."""
     max_skipped_updates: int = bounded(10, at_least(1))
-    """Updates in a row with a non-finite loss or gradient (each skipped) before the run stops."""
+    """Updates in a row with a non-finite loss or gradient (each skipped) before the run stops (checked at each metrics line)."""
 
 
 # Dataclass fields follow the bases in reverse: the flags and config.yaml list the settings from

@@ -354,19 +354,18 @@ class PopArtValueHead(nn.Module):
 
     @torch.no_grad()
     def update(self, targets: Tensor, task: Tensor | None,
-               reduce: Callable[[Tensor], Tensor] = lambda sums: sums) -> None:
+               reduce: Callable[[Tensor], Tensor] = lambda sums: sums, taken: Tensor | None = None) -> None:
         """ART on the value targets ``targets`` of tasks ``task`` (same shape; None: task 0), then POP;
-        ``reduce`` sums the targets' moments over several learners (``art_update``)."""
+        ``reduce`` sums the targets' moments over several learners (``art_update``). Where ``taken``
+        (a 0-dim bool tensor) is False nothing changes, decided on the device."""
         if task is None:
             task = torch.zeros(targets.shape, dtype=torch.int64, device=targets.device)
         sigma = self.sigma()
         mu, nu = art_update(self.mu, self.nu, targets.float(), task, self.beta, reduce)
         new_sigma = popart_sigma(mu, nu, self.sigma_min, self.sigma_max)
         weight, bias = pop_preserve(self.linear.weight, self.linear.bias, self.mu, sigma, mu, new_sigma)
-        self.linear.weight.copy_(weight)
-        self.linear.bias.copy_(bias)
-        self.mu.copy_(mu)
-        self.nu.copy_(nu)
+        for current, new in ((self.linear.weight, weight), (self.linear.bias, bias), (self.mu, mu), (self.nu, nu)):
+            current.copy_(new if taken is None else torch.where(taken, new, current))
 
     def extra_repr(self) -> str:
         return f"num_tasks={self.num_outputs}, beta={self.beta}"

@@ -74,18 +74,17 @@ class RunningNorm(nn.Module):
             raise ValueError(f"RunningNorm of shape {self.shape} got a batch of shape {tuple(x.shape)}")
         x = x.reshape((-1,) + self.shape)
         # A frame batch's sum without a float64 copy of it; count and sum in one reduction.
-        sums = reduce(torch.cat([self.count.new_tensor([x.shape[0]]), x.sum(dim=0, dtype=torch.float64).reshape(-1)]))
-        batch_count = float(sums[0])
-        if batch_count == 0:
-            return
-        batch_mean = sums[1:].reshape(self.shape) / batch_count
+        sums = reduce(torch.cat([self.count.new_full((1,), x.shape[0]), x.sum(dim=0, dtype=torch.float64).reshape(-1)]))
+        # The count stays a device tensor (no host read); an empty batch, everywhere, changes nothing.
+        batch_count, divisor = sums[0], sums[0].clamp_min(1.0)
+        batch_mean = sums[1:].reshape(self.shape) / divisor
         delta = batch_mean - self.mean
         total = self.count + batch_count
         if self.fixed_scale is None:  # forward uses the variance only when it divides by the std
-            batch_var = reduce((x.to(torch.float64) - batch_mean).square().sum(dim=0)) / batch_count
+            batch_var = reduce((x.to(torch.float64) - batch_mean).square().sum(dim=0)) / divisor
             m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
-            self.var.copy_(m2 / total)
-        self.mean.add_(delta * (batch_count / total))
+            self.var.copy_(torch.where(batch_count > 0, m2 / total, self.var))
+        self.mean.add_(torch.where(batch_count > 0, delta * (batch_count / total), 0.0))
         self.count.copy_(total)
 
     def extra_repr(self) -> str:

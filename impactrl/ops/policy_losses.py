@@ -244,8 +244,8 @@ def value_loss(
 
 
 def adaptive_kl_coefficient(
-    coefficient: float, kl: Union[float, Tensor], kl_target: float
-) -> float:
+    coefficient: Union[float, Tensor], kl: Union[float, Tensor], kl_target: float
+) -> Union[float, Tensor]:
     r"""One update of the adaptive KL-penalty coefficient β (Schulman et al. 2017, §4).
 
     As in RLlib (docs/algorithms.md#impact-loss):
@@ -255,24 +255,30 @@ def adaptive_kl_coefficient(
         β ← β       otherwise.
 
     Args:
-        coefficient: current β >= 0.
+        coefficient: current β >= 0, a Python float or a one-element tensor.
         kl: measured mean KL(π_tgt || π_θ), a Python float or a one-element tensor. A NaN KL
             leaves β unchanged.
         kl_target: target KL > 0.
 
     Returns:
-        The new β as a Python float.
+        The new β: a Python float when β and the KL are floats; otherwise a 0-d tensor on the
+        device of the tensor given, computed there without reading it (no device sync).
     """
-    coefficient = _positive("coefficient", coefficient, allow_zero=True)
     kl_target = _positive("kl_target", kl_target)
-    if isinstance(kl, Tensor):
-        if kl.numel() != 1:
-            raise ValueError(f"kl must be a scalar, got a tensor of shape {shape_tuple(kl)}")
-        kl_value = float(kl.detach().item())
-    else:
-        if checks.DEBUG_CHECKS:
-            check_python_float("kl", kl, "a Python float or a one-element tensor")
-        kl_value = float(kl)
+    for name, value in (("coefficient", coefficient), ("kl", kl)):
+        if isinstance(value, Tensor) and value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {shape_tuple(value)}")
+    if isinstance(coefficient, Tensor) or isinstance(kl, Tensor):
+        if checks.DEBUG_CHECKS and not isinstance(coefficient, Tensor):
+            check_positive_float("coefficient", coefficient, allow_zero=True)
+        kl = torch.as_tensor(kl).detach().reshape(())
+        coefficient = torch.as_tensor(coefficient, device=kl.device).reshape(())
+        return torch.where(kl > 2.0 * kl_target, coefficient * 1.5,
+                           torch.where(kl < 0.5 * kl_target, coefficient * 0.5, coefficient))
+    coefficient = _positive("coefficient", coefficient, allow_zero=True)
+    if checks.DEBUG_CHECKS:
+        check_python_float("kl", kl, "a Python float or a one-element tensor")
+    kl_value = float(kl)
     if kl_value > 2.0 * kl_target:
         return coefficient * 1.5
     if kl_value < 0.5 * kl_target:

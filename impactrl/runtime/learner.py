@@ -16,11 +16,12 @@ and the loop is::
             record policy lag (updates - behaviour version) and data age per unroll; with   (take)
                 max_policy_lag, drop the unrolls older than that
             hand the batch to the algorithm (its env steps now count as consumed)
-        one SGD step on algorithm.next_batch(), if it has one (skipped if its loss or   (train)
-            gradient is not finite; max_skipped_updates in a row stop the run)
+        one SGD step on algorithm.next_batch(), if it has one (skipped on the device   (train)
+            if its loss or gradient is not finite), with no host sync
         publish(weights, version = updates) when the algorithm says so, at most every
             publish_interval updates
         every log interval: one metrics line, checked by the diagnostic rules   (Telemetry)
+            (max_skipped_updates skipped steps in a row stop the run)
         every checkpoint interval: a checkpoint                                  (Checkpointer)
 
 The learner thread owns every counter: what other threads see (the collector's actor restarts
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 
 from impactrl.algos import make_algorithm
-from impactrl.algos.base import Algorithm, LossExtras, make_optimizer, optimizer_settings, to_floats
+from impactrl.algos.base import Algorithm, LossExtras, load_optimizer_state, make_optimizer
 from impactrl.checkpoint import checkpoint_dir, restore_rng_states, rng_states, save_checkpoint
 from impactrl.config import TrainConfig, to_yaml
 from impactrl.data.rollout import REWARD_STATS_SIZE, Batch, keep_unrolls, restack_frames, to_device
@@ -91,6 +92,36 @@ class LearnerCounters:
 LEARNER_STAGES = ("receive", "transfer", "train", "publish")
 
 RETURN_WINDOW = 100  # episodes averaged for --stop-at-return: Gymnasium's "solved" convention
+
+
+class SkippedUpdates:
+    """The SGD steps skipped for a non-finite loss or gradient, counted on the device at each step
+    (``record``, no sync) and read into the counters at each metrics line and checkpoint (``read``)."""
+
+    def __init__(self) -> None:
+        self._since_read: torch.Tensor | None = None
+        self._in_a_row: torch.Tensor | None = None
+        self._last: tuple[torch.Tensor, torch.Tensor, Batch] | None = None
+        self.in_a_row = 0  # as of the last read
+
+    def record(self, taken: torch.Tensor, loss: torch.Tensor, grad_norm: torch.Tensor, batch: Batch) -> None:
+        skipped = (~taken).long()
+        self._since_read = skipped if self._since_read is None else self._since_read + skipped
+        self._in_a_row = skipped if self._in_a_row is None else (self._in_a_row + 1) * skipped
+        self._last = (loss, grad_norm, batch)
+
+    def read(self, counters: LearnerCounters) -> None:
+        """Add the skips since the last read to ``counters.updates_skipped`` (one transfer)."""
+        if self._since_read is None:
+            return
+        since_read, self.in_a_row = torch.stack([self._since_read, self._in_a_row]).tolist()
+        counters.updates_skipped += since_read
+        self._since_read = None
+
+    def last(self) -> tuple[float, float, Batch]:
+        """The last step's loss, gradient norm and batch: what a divergence is reported with."""
+        loss, grad_norm, batch = self._last
+        return float(loss), float(grad_norm), batch
 
 
 class CounterInbox:
@@ -144,14 +175,13 @@ class Learner:
         self.autocast = (functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
                          if config.learner_precision == "bfloat16" else contextlib.nullcontext)
         self.optimizer = make_optimizer(config, agent.parameters())
-        # Where dying ReLUs start: its step size against its size is the evidence for a too-large step.
         self.first_layer = next(agent.torso.parameters())
-        self._first_layer_steps: list[torch.Tensor] = []  # on the device until a metrics line: no sync per step
         self.counters = LearnerCounters()
         self.inbox = CounterInbox()
         self.group = LearnerGroup()  # alone until join
         self._unseen_obs: list[torch.Tensor] = []
-        self.skipped_in_a_row = 0
+        self.skips = SkippedUpdates()
+        self.taken: torch.Tensor | None = None  # whether the last SGD step was applied (on the device)
         self.wall_time_progress = 0.0  # the share of max_wall_time_s spent in this invocation
         self.stage_seconds = dict.fromkeys(LEARNER_STAGES, 0.0)  # since the last metrics line
         # Each actor's envs' reward normalisers as of its last consumed unroll: saved in
@@ -214,43 +244,45 @@ class Learner:
             return {}
         return {"torso/dead_units_first_layer": fractions[0], "torso/dead_units_worst_layer": max(fractions)}
 
-    def first_layer_update_ratio(self) -> dict[str, float]:
-        """The mean ‖Δθ‖ / ‖θ‖ of the torso's first weight over the optimiser steps since the last call."""
-        if not self._first_layer_steps:
-            return {}
-        ratio = float(torch.stack(self._first_layer_steps).mean())
-        self._first_layer_steps.clear()
-        return {"optim/first_layer_update_ratio": ratio}
+    def update(self) -> dict[str, torch.Tensor | float] | None:
+        """One SGD step on the algorithm's next batch; None when it needs fresh data first.
 
-    def update(self) -> dict[str, float] | None:
-        """One SGD step on the algorithm's next batch; None when it needs fresh data first."""
+        Nothing here reads the device from the host, so on a GPU the next step is queued while
+        this one runs: the statistics stay on the device (``IntervalStats`` reads them once per
+        metrics line), and a non-finite loss or gradient skips the step on the device too, the
+        optimiser told by ``found_inf`` (``make_optimizer``). ``taken`` (a 0-dim bool) says
+        whether the step was applied; ``check_diverged`` counts the skips at each metrics line."""
         with self.autocast():  # IMPACT's target network may score the batch it draws
             train_batch = self.algorithm.next_batch()
             if train_batch is None:
                 return None
             if not self.learn:
                 self.counters.updates += 1
+                self.taken = None
                 return {}
             loss, stats, extras = self.algorithm.loss(train_batch)
+        stats = {key: value.detach() if isinstance(value, torch.Tensor) else value for key, value in stats.items()}
+        learning_rate = self.learning_rate()
         for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate()
+            group["lr"] = learning_rate
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         loss, extras = self._reduce(loss.detach(), extras)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.config.grad_norm_clip, foreach=True)
-        checked = to_floats({"loss": loss, "grad_norm": grad_norm})  # one sync for both
-        if math.isfinite(checked["loss"]) and math.isfinite(checked["grad_norm"]):
-            first_layer_before = self.first_layer.detach().clone()
-            self.optimizer.step()
-            self._first_layer_steps.append(
-                (self.first_layer.detach() - first_layer_before).norm() / first_layer_before.norm().clamp_min(1e-12))
-            self.counters.updates += 1
-            self.skipped_in_a_row = 0
-            stats.update(self.algorithm.after_update(self.counters.updates, extras))
-            stats["optim/grad_norm"] = checked["grad_norm"]
-            stats["optim/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        else:
-            stats = self._skip(train_batch, checked)
+        self.taken = taken = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        self.optimizer.found_inf = (~taken).float()
+        first_layer_before = self.first_layer.detach().clone()
+        self.optimizer.step()
+        self.counters.updates += 1  # SGD steps, skipped ones included: the host does not know which
+        self.skips.record(taken, loss, grad_norm, train_batch)
+        stats.update(self.algorithm.after_update(self.counters.updates, extras, taken))
+        stats.update({
+            # Where dying ReLUs start: the first layer's step against its size.
+            "optim/first_layer_update_ratio": ((self.first_layer.detach() - first_layer_before).norm()
+                                               / first_layer_before.norm().clamp_min(1e-12)),
+            "optim/grad_norm": grad_norm,
+            "optim/learning_rate": learning_rate,
+        })
         if self._unseen_obs and self.algorithm.wants_data():
             # Observation statistics move only once the algorithm is done with its data, just
             # before the weights are published: the learner trains with the statistics the
@@ -265,30 +297,34 @@ class Learner:
         steps, and adapts the KL coefficient, alike. Alone, nothing changes."""
         if self.group.size == 1:
             return loss, extras
-        scalars = torch.stack([loss.float(), loss.new_tensor(extras.kl or 0.0, dtype=torch.float32)])
+        kl = extras.kl.float() if extras.kl is not None else loss.new_zeros((), dtype=torch.float32)
+        scalars = torch.stack([loss.float(), kl])
         parameters = [p for p in self.agent.parameters() if p.grad is not None]
         loss, kl = self.group.reduce_gradients(parameters, scalars, self.algorithm.loss_reduction == "mean")
-        return loss, extras if extras.kl is None else dataclasses.replace(extras, kl=float(kl))
+        return loss, extras if extras.kl is None else dataclasses.replace(extras, kl=kl)
 
-    def _skip(self, batch: Batch, checked: dict[str, float]) -> dict[str, float]:
-        """Drop a non-finite update (weights and optimiser untouched); too many in a row raise."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.counters.updates_skipped += 1
-        self.skipped_in_a_row += 1
-        if self.skipped_in_a_row < self.config.max_skipped_updates:
-            return {}
+    def check_diverged(self) -> None:
+        """Raise ``TrainingDiverged`` once ``max_skipped_updates`` steps in a row were skipped
+        (read from the device: called at each metrics line, so the run stops up to one interval
+        late, its weights as before the first skip)."""
+        self.skips.read(self.counters)
+        if self.skips.in_a_row < self.config.max_skipped_updates:
+            return
+        loss, grad_norm, batch = self.skips.last()
         bad_inputs = [key for key, value in batch.items() if key != "episode_return"  # NaN but where a game ended
                       and value.is_floating_point() and not torch.isfinite(value).all()]
         found = (f"; the last batch held non-finite values in {', '.join(bad_inputs)}: check the env"
                  if bad_inputs else "")
         raise TrainingDiverged(
-            f"{self.skipped_in_a_row} learner updates in a row had a non-finite loss or gradient (last: loss "
-            f"{checked['loss']}, gradient norm {checked['grad_norm']}) and were skipped{found}. The checkpoint holds "
-            "the weights from before the first of them. Lower --learning-rate, lower --grad-norm-clip, or scale the "
-            "rewards (--reward-clip abs_one, --normalize-rewards); --max-skipped-updates sets how many are tolerated")
+            f"{self.skips.in_a_row} learner updates in a row had a non-finite loss or gradient (last: loss "
+            f"{loss}, gradient norm {grad_norm}) and were skipped{found} (--max-skipped-updates "
+            f"{self.config.max_skipped_updates}). The checkpoint holds the weights from before the first of them. "
+            "Lower --learning-rate, lower --grad-norm-clip, or scale the rewards (--reward-clip abs_one, "
+            "--normalize-rewards)")
 
     def state_dict(self) -> dict:
         """Everything the run's future depends on, as tensors and plain types (``weights_only`` loads it)."""
+        self.skips.read(self.counters)
         return {
             "agent": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -323,9 +359,7 @@ class Learner:
 
     def load_state_dict(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group in self.optimizer.param_groups:
-            group.update(optimizer_settings(self.config))
+        load_optimizer_state(self.optimizer, state["optimizer"], self.config)
         self.algorithm.load_state_dict(state["algorithm"])
         self.counters = LearnerCounters(**state["learner"])
         self._unseen_obs = [obs.to(self.device) for obs in state["unseen_obs"]]
@@ -384,6 +418,7 @@ class Telemetry:
         learner, counters = self.learner, self.learner.counters
         now = time.monotonic()
         counters.wall_time_s = now - self.start
+        learner.skips.read(counters)
         summary = self.interval.summary()
         counters.episodes += summary["episodes"]
         elapsed = max(now - self.last_line, 1e-9)
@@ -406,7 +441,6 @@ class Telemetry:
         }
         if self.last_obs is not None:
             record.update(learner.dead_units(self.last_obs))
-        record.update(learner.first_layer_update_ratio())
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
         for label, steps in counters.env_steps_by_task.items():
@@ -523,10 +557,15 @@ class LearnerLoop:
             return True  # none came within the wait: check health and the stop conditions again
         self.train()
         if self.telemetry.due():
-            self.telemetry.write()
+            self.write_metrics()
         if self.checkpointer.due():
             self.checkpointer.save()
         return True
+
+    def write_metrics(self) -> None:
+        """A metrics line, then the run's stop if too many SGD steps in a row were skipped."""
+        self.telemetry.write()
+        self.learner.check_diverged()
 
     def waiting_for_data(self) -> bool:
         """The algorithm cannot take an SGD step before a fresh batch comes, and one is still due."""
@@ -567,7 +606,7 @@ class LearnerLoop:
         stages["train"] += time.perf_counter() - began
         if stats is None:
             return
-        self.telemetry.interval.add(stats)
+        self.telemetry.interval.add(stats, learner.taken)
         if learner.algorithm.publish_now() and (learner.config.synchronous or learner.counters.updates
                                                 >= self.published + learner.config.publish_interval):
             began = time.perf_counter()
@@ -604,4 +643,5 @@ class LearnerLoop:
                                 f"{self.learner.config.stop_at_return:g} at {counters.env_steps:,} env steps")
         self.telemetry.write()
         self.checkpointer.save()
+        self.learner.check_diverged()
         return counters

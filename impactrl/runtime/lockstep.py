@@ -37,7 +37,7 @@ class LockstepLearnerLoop(LearnerLoop):
             return True  # a batch (some learner's) did not come within the wait: check health and stop again
         self.train()
         if self.telemetry.due():
-            self.telemetry.write()
+            self.write_metrics()
         if agreed.checkpoint:
             self.checkpointer.save()
         return True
