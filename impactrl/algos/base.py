@@ -70,8 +70,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, config: 
 
 @dataclass(frozen=True)
 class LossExtras:
-    """What a loss hands to ``after_update`` besides the loss: only an update that is taken
-    uses them, so a skipped one (non-finite loss or gradient) leaves no trace."""
+    """What a loss hands to ``after_update`` besides the loss, used there only where the step
+    was taken, so a skipped one (non-finite loss or gradient) leaves no trace."""
 
     value_targets: tuple[torch.Tensor, torch.Tensor] | None = None  # PopArt: V-trace targets and their tasks
     kl: torch.Tensor | None = None  # IMPACT with a target network: KL(π_tgt ‖ π_θ) on the batch

@@ -22,6 +22,8 @@ def _masked(value: float, skip: Tensor | None, otherwise: float, like: Tensor) -
 
 
 class _RMSpropBase(torch.optim.Optimizer):
+    """The mean square both forms keep, and the skip; ``_apply`` is each form's step from it."""
+
     square_avg_init: float  # the mean square's starting value
 
     def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 0.01, momentum: float = 0.0):
