@@ -21,6 +21,7 @@ def env_options(config: TrainConfig) -> EnvOptions:
         noop_max=config.noop_max,
         sticky_action_prob=config.sticky_action_prob,
         episodic_life=config.episodic_life,
+        fire_reset=config.fire_reset,
         max_episode_steps=config.max_episode_steps,
         normalize_reward_gamma=config.discount if config.normalize_rewards else None,
         image_layout=config.image_layout,

@@ -47,8 +47,8 @@ def test_ended_episodes_restart_in_the_same_step(backend: str):
 @needs_envpool
 def test_backends_give_the_same_atari_frames():
     """With one reset no-op and no sticky actions both backends are deterministic: the same
-    pixels, rewards and episode ends through lost lives (each followed by one no-op step) and
-    game over."""
+    pixels, rewards and episode ends through resets and lost lives (FIRE after each, and a no-op
+    step after a lost life) and game over."""
     options = EnvOptions(noop_max=1, sticky_action_prob=0.0)
     gym_envs = make_env_vector("ALE/Breakout-v5", options, 1, seed=3, backend="gymnasium")
     pool = make_env_vector("ALE/Breakout-v5", options, 1, seed=3, backend="envpool")
@@ -97,6 +97,28 @@ def test_envpool_episodic_life_keeps_whole_game_returns():
     envs.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_breakout_serves_every_ball_for_an_agent_that_never_fires(backend: str):
+    """fire_reset: a NOOP-only agent loses its 5 lives (4 training episodes end without a record)
+    and the game ends; without it the first ball is never served."""
+    def noop_game(options: EnvOptions) -> tuple[int, int] | None:
+        envs = make_env_vector("ALE/Breakout-v5", options, 1, seed=0, backend=backend)
+        envs.reset()
+        lives_lost = 0
+        for step in range(1, 3000):
+            result = envs.step(np.zeros(1, np.int64))
+            if not np.isnan(result.episode_return[0]):
+                envs.close()
+                return step, lives_lost
+            lives_lost += int(result.terminated[0])
+        envs.close()
+        return None
+
+    steps, lives_lost = noop_game(EnvOptions(sticky_action_prob=0.0))
+    assert steps < 1000 and lives_lost == 4
+    assert noop_game(EnvOptions(sticky_action_prob=0.0, fire_reset=False)) is None
+
+
 @needs_envpool
 @pytest.mark.parametrize("env_id, options, message", [
     ("MinAtar/Breakout-v1", EnvOptions(), "use --env-backend gymnasium"),
@@ -114,6 +136,7 @@ def test_envpool_maps_ale_ids_and_their_defaults():
     task, kwargs = envpool_task("ALE/Pong-v5", EnvOptions())
     assert task == "Pong-v5" and kwargs["repeat_action_probability"] == 0.25
     assert kwargs["max_episode_steps"] == 27_000 and not kwargs["episodic_life"] and not kwargs["reward_clip"]
+    assert not kwargs["use_fire_reset"]  # EnvPoolEnvs presses FIRE itself, as PressFire does
     task, kwargs = envpool_task("PongNoFrameskip-v4", EnvOptions(frame_skip=2))
     assert task == "Pong-v5" and kwargs["repeat_action_probability"] == 0.0
     assert kwargs["max_episode_steps"] == 54_000 and kwargs["frame_skip"] == 2

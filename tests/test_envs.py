@@ -15,6 +15,7 @@ from impactrl.envs import (
     CARTPOLE_NO_VELOCITY_ID,
     EnvOptions,
     EpisodicLife,
+    PressFire,
     check_env_id,
     env_family,
     make_env,
@@ -158,7 +159,7 @@ def test_pong_frames_skip_sticky_and_eval_mode():
     sticky.close()
 
     # max_episode_steps counts agent steps (ALE frame limit = steps * frame_skip, no-ops included)
-    short = make_env("ALE/Pong-v5", EnvOptions(max_episode_steps=5, noop_max=0), seed=0)
+    short = make_env("ALE/Pong-v5", EnvOptions(max_episode_steps=5, noop_max=0, fire_reset=False), seed=0)
     short.reset(seed=0)
     total, steps, (_, _, terminated, truncated, info) = _run_episode(short, 10)
     assert steps == 5 and truncated and not terminated
@@ -199,6 +200,28 @@ def test_breakout_episodic_life():
     env.reset()
     assert ale.lives() == lives and ale.getEpisodeFrameNumber() <= 4 * 30
     env.close()
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_breakout_plays_on_without_the_agent_pressing_fire(training: bool):
+    """An agent that only ever plays NOOP loses all 5 lives (FIRE serves each ball, in training and
+    evaluation); without fire_reset the first ball is never served. Pong has FIRE too."""
+    def noop_game_steps(options: EnvOptions) -> int | None:
+        env = make_env("ALE/Breakout-v5", options, seed=0, training=training)
+        env.reset(seed=0)
+        for step in range(1, 3000):
+            *_, terminated, truncated, info = env.step(0)
+            if "episode" in info:
+                return step
+            if terminated or truncated:
+                env.reset()
+        return None
+
+    steps = noop_game_steps(EnvOptions(sticky_action_prob=0.0))
+    assert steps is not None and steps < 1000
+    assert noop_game_steps(EnvOptions(sticky_action_prob=0.0, fire_reset=False)) is None
+    assert PressFire in _layers(make_env("ALE/Pong-v5", training=training))
+    assert PressFire not in _layers(make_env("ALE/MsPacman-v5", training=training))  # action 1 is UP
 
 
 # --------------------------------------------------------------------------- ids and options

@@ -163,7 +163,8 @@ READ_ONLY_BY = {
                                                            "clip_c_threshold", "vtrace_lambda", "unrolls_per_batch",
                                                            "max_policy_lag", "popart_beta")),
 }
-ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "frame_dedup")
+ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "fire_reset",
+                  "frame_dedup")
 RMSPROP_SETTINGS = ("rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum")
 OPTIMIZER_SETTINGS = {"rmsprop": RMSPROP_SETTINGS, "rmsprop_tf": RMSPROP_SETTINGS, "adam": ("adam_eps",)}
 

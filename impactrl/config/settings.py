@@ -125,6 +125,9 @@ class EnvSettings:
     """Atari: probability of repeating the previous action (None = the env id's default)."""
     episodic_life: bool = True
     """Atari: a lost life ends the training episode (evaluation always plays whole games)."""
+    fire_reset: bool = True
+    """Atari: in games whose action 1 is FIRE, such as Breakout, press FIRE after each reset
+    and each lost life, in training and evaluation: play never waits on the agent."""
     max_episode_steps: int | None = None
     """Truncate episodes after this many steps (None = the env's own limit)."""
     image_layout: Literal["auto", "chw", "hwc"] = "auto"

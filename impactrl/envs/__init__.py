@@ -11,7 +11,7 @@ from impactrl.envs.factory import (
     register_all,
 )
 from impactrl.envs.vector import EnvBackend, EnvPoolEnvs, EnvVector, GymnasiumEnvs, VectorStep, make_env_vector
-from impactrl.envs.wrappers import ChannelsFirstUint8, EpisodicLife, HideVelocity
+from impactrl.envs.wrappers import ChannelsFirstUint8, EpisodicLife, HideVelocity, PressFire
 
 __all__ = [
     "CARTPOLE_NO_VELOCITY_ID",
@@ -29,5 +29,6 @@ __all__ = [
     "register_all",
     "ChannelsFirstUint8",
     "EpisodicLife",
+    "PressFire",
     "HideVelocity",
 ]

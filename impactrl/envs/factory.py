@@ -26,7 +26,7 @@ from gymnasium.wrappers import (AtariPreprocessing, FrameStackObservation, Norma
                                 TransformReward)
 
 from impactrl.errors import UserError
-from impactrl.envs.wrappers import ChannelsFirst, ChannelsFirstUint8, ClipToBounds, EpisodicLife
+from impactrl.envs.wrappers import ChannelsFirst, ChannelsFirstUint8, ClipToBounds, EpisodicLife, PressFire, waits_for_fire
 
 __all__ = [
     "EnvOptions",
@@ -52,6 +52,7 @@ class EnvOptions:
     screen_size: int = 84  # Atari only
     sticky_action_prob: float | None = None  # Atari only: None = the id's default (0.25 for v5)
     episodic_life: bool = True  # Atari only, training only: a life loss ends the training episode
+    fire_reset: bool = True  # Atari only: FIRE pressed after each reset and lost life in games that wait for it
     max_episode_steps: int | None = None  # None = the env's registered limit
     normalize_reward_gamma: float | None = None  # training only: scale rewards by the std of the γ-discounted return
     render_mode: str | None = None  # "rgb_array": env.render() returns frames (impactrl eval --video)
@@ -77,8 +78,9 @@ class EnvOptions:
         g = self.normalize_reward_gamma
         if g is not None and not (isinstance(g, numbers.Real) and 0.0 < float(g) <= 1.0):
             out.append(f"normalize_reward_gamma must be in (0, 1] or None, got {g!r}")
-        if not isinstance(self.episodic_life, bool):
-            out.append(f"episodic_life must be true or false, got {self.episodic_life!r}")
+        for name in ("episodic_life", "fire_reset"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.image_layout not in ("auto", "chw", "hwc"):
             out.append(f"image_layout must be auto, chw or hwc, got {self.image_layout!r}")
         return out
@@ -335,7 +337,8 @@ def make_env(
 
     - atari: ``gym.make(env_id, frameskip=1, full_action_space=False[, repeat_action_probability])``
       → RecordEpisodeStatistics → AtariPreprocessing(noop_max, frame_skip, screen_size, grayscale,
-      uint8) → FrameStackObservation(frame_stack) → EpisodicLife (only if ``training`` and
+      uint8) → FrameStackObservation(frame_stack) → PressFire (only if ``options.fire_reset`` and
+      the game's action 1 is FIRE) → EpisodicLife (only if ``training`` and
       ``options.episodic_life``). Observation: uint8 ``(frame_stack, screen_size, screen_size)``.
     - minatar: ``gym.make`` → RecordEpisodeStatistics → ChannelsFirstUint8. Observation: uint8
       ``(C, 10, 10)`` in {0, 1}.
@@ -455,6 +458,8 @@ def _make_atari(env_id: str, options: EnvOptions, *, training: bool) -> gym.Env:
         scale_obs=False,
     )
     env = FrameStackObservation(env, int(options.frame_stack))
+    if options.fire_reset and waits_for_fire(env):
+        env = PressFire(env)
     if training and options.episodic_life:
         env = EpisodicLife(env)
     return env

@@ -17,6 +17,7 @@ an episode record, and the game goes on.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ import numpy as np
 from gymnasium.wrappers import NormalizeReward
 
 from impactrl.config import EnvBackend
-from impactrl.envs.factory import EnvOptions, env_family, env_spec, make_env
+from impactrl.envs.factory import EnvOptions, env_family, env_spec, make_env, register_all
+from impactrl.envs.wrappers import FIRE, waits_for_fire
 from impactrl.errors import UserError
 
 __all__ = ["EnvBackend", "EnvVector", "VectorStep", "GymnasiumEnvs", "EnvPoolEnvs", "make_env_vector"]
@@ -145,9 +147,10 @@ class EnvPoolEnvs:
     class resets finished envs at once instead (a partial ``reset``), so the actor never acts on
     a terminal observation. EnvPool's own episodic life and reward clipping are off: lives are
     read from ``info["lives"]`` so that a game's return spans all its lives, and the losses clip
-    rewards themselves (``reward_clip``). A lost life is followed by the no-op step that
-    :class:`EpisodicLife` takes, so both backends give the same frames; the one difference is
-    that Atari episode lengths here count the agent's frames without the reset no-ops.
+    rewards themselves (``reward_clip``). EnvPool's FIRE reset is off too: a reset and a lost life
+    are followed by the FIRE step of :class:`PressFire` and a lost life then by the no-op step of
+    :class:`EpisodicLife`, so both backends give the same frames; the one difference is that Atari
+    episode lengths here count the agent's frames without the reset no-ops.
     """
 
     def __init__(self, env_id: str, options: EnvOptions, num_envs: int, seed: int | None, training: bool = True):
@@ -166,7 +169,8 @@ class EnvPoolEnvs:
         # A Gaussian policy samples outside the bounds; clip as make_env's ClipToBounds does.
         self._action_bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
         atari = env_family(env_id) == "atari"
-        self._track_lives = atari and training and options.episodic_life
+        self._episodic_life = atari and training and options.episodic_life
+        self._fire = atari and options.fire_reset and game_waits_for_fire(env_id)
         self._frames_per_step = int(options.frame_skip) if atari else 1
         self._returns = np.zeros(num_envs, np.float64)
         self._lengths = np.zeros(num_envs, np.int64)
@@ -177,6 +181,7 @@ class EnvPoolEnvs:
         self._returns[:] = 0.0
         self._lengths[:] = 0
         self._lives[:] = info.get("lives", 0)
+        self._fire_after_reset(np.arange(self.num_envs), obs)
         return obs
 
     def step(self, action: np.ndarray) -> VectorStep:
@@ -189,12 +194,21 @@ class EnvPoolEnvs:
         self._lengths += 1
         terminated = game_over.copy()
         ended = game_over | truncated
-        if self._track_lives:
+        if self._episodic_life or self._fire:
             lost = (info["lives"] < self._lives) & ~ended
             self._lives[:] = info["lives"]
-            if lost.any():
+            if lost.any() and self._fire:
+                fire_reward, fire_game_over, fire_truncated = self._step_envs(np.flatnonzero(lost), FIRE, obs)
+                reward = reward + fire_reward
+                terminated |= fire_game_over
+                truncated |= fire_truncated
+                ended |= fire_game_over | fire_truncated
+                lost &= ~ended
+            if lost.any() and self._episodic_life:
+                # DeepMind's (and EpisodicLife's) no-op step, its reward the game's, not the training episode's
                 terminated |= lost
-                ended |= self._noop_after_lost_life(np.flatnonzero(lost), obs)
+                _, noop_game_over, noop_truncated = self._step_envs(np.flatnonzero(lost), 0, obs)
+                ended |= noop_game_over | noop_truncated
         episode_return, episode_length = _no_episode_records(self.num_envs)
         final_obs = {int(e): obs[e].copy() for e in np.flatnonzero(truncated)}
         if ended.any():
@@ -203,25 +217,42 @@ class EnvPoolEnvs:
             episode_length[done] = self._lengths[done] * self._frames_per_step
             self._returns[done] = 0.0
             self._lengths[done] = 0
-            reset_obs, reset_info = self.pool.reset(done.astype(np.int32))
-            order = reset_info["env_id"]
-            obs[order] = reset_obs
-            self._lives[order] = reset_info.get("lives", 0)
+            self._reset_envs(done, obs)
+            self._fire_after_reset(done, obs)
         return VectorStep(obs, reward, terminated, truncated, episode_return, episode_length, final_obs)
 
-    def _noop_after_lost_life(self, lost: np.ndarray, obs: np.ndarray) -> np.ndarray:
-        """DeepMind's (and :class:`EpisodicLife`'s) no-op step after a lost life, for the envs in
-        ``lost``; their observations in ``obs`` are replaced. Returns which games it ended."""
-        noop_obs, reward, game_over, truncated, info = self.pool.step(np.zeros(len(lost), np.int32), lost.astype(np.int32))
+    def _reset_envs(self, env_ids: np.ndarray, obs: np.ndarray) -> None:
+        reset_obs, reset_info = self.pool.reset(env_ids.astype(np.int32))
+        order = reset_info["env_id"]
+        obs[order] = reset_obs
+        self._lives[order] = reset_info.get("lives", 0)
+
+    def _fire_after_reset(self, env_ids: np.ndarray, obs: np.ndarray) -> None:
+        """:class:`PressFire`'s reset: FIRE in the fresh games ``env_ids``; one its frame cap ended
+        restarts without it."""
+        if not self._fire:
+            return
+        _, game_over, truncated = self._step_envs(env_ids, FIRE, obs)
+        capped = np.flatnonzero(game_over | truncated)
+        if capped.size:
+            self._returns[capped] = 0.0
+            self._lengths[capped] = 0
+            self._reset_envs(capped, obs)
+
+    def _step_envs(self, env_ids: np.ndarray, action: int, obs: np.ndarray) -> tuple[np.ndarray, ...]:
+        """One step with ``action`` of the envs ``env_ids`` (their observations in ``obs`` replaced,
+        the reward counted in their games' returns): per env of the vector, the reward and whether
+        the game ended or was truncated (zero and False for the others)."""
+        step_obs, step_reward, game_over, truncated, info = self.pool.step(
+            np.full(len(env_ids), action, np.int32), env_ids.astype(np.int32))
         order = info["env_id"]
-        obs[order] = noop_obs
-        # Its reward counts towards the game's return, not the training episode's (as with Gymnasium).
-        self._returns[order] += reward
+        obs[order] = step_obs
+        self._returns[order] += step_reward
         self._lengths[order] += 1
         self._lives[order] = info["lives"]
-        ended = np.zeros(self.num_envs, bool)
-        ended[order] = game_over | truncated
-        return ended
+        reward, ended, cut = np.zeros(self.num_envs, np.float32), np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
+        reward[order], ended[order], cut[order] = step_reward, game_over, truncated & ~game_over
+        return reward, ended, cut
 
     def reward_stats(self) -> np.ndarray | None:
         return None  # envpool_task refuses reward normalisation
@@ -269,6 +300,18 @@ def envpool_task(env_id: str, options: EnvOptions) -> tuple[str, dict[str, objec
         raise UserError(f"--env-backend envpool runs Atari and classic-control ids it provides, not {env_id!r}; "
                         "use --env-backend gymnasium")
     return task_id, kwargs
+
+
+@functools.cache
+def game_waits_for_fire(env_id: str) -> bool:
+    """:func:`waits_for_fire` for the game of an ALE id, read from its Gymnasium env (EnvPool
+    does not name its actions)."""
+    register_all()
+    env = gym.make(env_id)
+    try:
+        return waits_for_fire(env)
+    finally:
+        env.close()
 
 
 def _ale_game_name(spec: gym.envs.registration.EnvSpec) -> str:

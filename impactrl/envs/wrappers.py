@@ -2,6 +2,7 @@
 
 - :class:`HideVelocity` — CartPole with its two velocity entries hidden (a POMDP for LSTM agents).
 - :class:`ChannelsFirstUint8` — MinAtar's ``(10, 10, C)`` bool grid as a ``(C, 10, 10)`` uint8 array.
+- :class:`PressFire` — FIRE pressed after each reset and lost life, for Atari games that wait for it.
 - :class:`EpisodicLife` — DeepMind's "end of life is end of episode" for *training* on Atari.
 - :class:`ClipToBounds` — continuous actions clipped into the env's bounds, which it still announces.
 """
@@ -89,6 +90,50 @@ class ClipToBounds(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
 
     def action(self, action: np.ndarray) -> np.ndarray:
         return np.clip(action, self.action_space.low, self.action_space.high)
+
+
+FIRE = 1  # ALE's action 1 in the minimal action set of every game that has FIRE
+
+
+def waits_for_fire(env: gym.Env) -> bool:
+    """Whether the Atari game's action 1 is FIRE, the press that Breakout and others wait for to
+    (re)start play."""
+    meanings = env.unwrapped.get_action_meanings()
+    return len(meanings) > FIRE and meanings[FIRE] == "FIRE"
+
+
+class PressFire(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """FIRE is pressed after each reset and right after each lost life (baselines' FireResetEnv,
+    extended to lives): Breakout and others wait for it, and an agent that stops pressing it holds
+    the game still until the frame cap ends it, while its value and entropy losses see nothing happen.
+
+    The FIRE step is one more agent step: its reward joins the step it follows (the step that lost
+    the life), its frames join the game's statistics; at reset its reward (always 0) is dropped.
+    Place it inside :class:`EpisodicLife`, which then ends the training episode on that step.
+    """
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        self._lives = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if lives < self._lives and not (terminated or truncated):
+            obs, fire_reward, terminated, truncated, info = self.env.step(FIRE)
+            reward += fire_reward
+            lives = self.env.unwrapped.ale.lives()
+        self._lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        obs, _, terminated, truncated, _ = self.env.step(FIRE)
+        if terminated or truncated:  # a frame cap shorter than the reset no-ops: start without FIRE
+            obs, info = self.env.reset()
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, info
 
 
 class EpisodicLife(gym.Wrapper, gym.utils.RecordConstructorArgs):
