@@ -240,8 +240,8 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
     evaluation = Evaluation(agent, config, state, tasks, options, episodes, seed, greedy, min(num_envs, episodes),
                             max_episode_steps)
     common = {"env": config.env, "env_steps_trained": int(state["learner"]["env_steps"]), "greedy": greedy,
-              **({"noop_max": options.noop_max, "sticky_action_prob": options.sticky_action_prob}
-                 if tasks_family(config.env) == "atari" else {})}
+              **({"noop_max": options.noop_max, "sticky_action_prob": options.sticky_action_prob,
+                  "fire_reset": options.fire_reset} if tasks_family(config.env) == "atari" else {})}
     if tasks.multi_task:
         return {**evaluate_tasks(evaluation, references, video_dir, sticky_action_prob), **common}
     if references:

@@ -90,6 +90,7 @@ def test_eval_plays_atari_with_no_op_starts_and_the_sticky_actions_asked_for(tmp
     result = json.loads(run_cli("eval", str(run_dir), "--episodes", "2", "--num-envs", "2", "--sticky-action-prob",
                                 "0.25", check=True).stdout.strip().splitlines()[-1])
     assert result["episodes"] == 2 and result["noop_max"] == 30 and result["sticky_action_prob"] == 0.25
+    assert result["fire_reset"]
     refused = run_cli("eval", str(run_dir), "--sticky-action-prob", "2")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
 
