@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Literal
-
-import docstring_parser
 
 from impactrl.config.bounds import (FINITE, POSITIVE_INTEGERS, POSITIVE_NUMBERS, above, at_least, bounded,
                                     within)
@@ -352,16 +349,3 @@ class TrainConfig(FaultSettings, LoggingSettings, OptimizerSettings, PPOSettings
     def run_dir(self) -> Path:
         return self.out if self.out is not None else Path("runs") / f"{self.env.replace('/', '_')}-{self.algo}-seed{self.seed}"
 
-
-def _help_from_docstrings(config: type) -> None:
-    """Give each field its docstring as one paragraph in the ``help`` metadata tyro reads first:
-    tyro (1.0) joins a field docstring's lines before dedenting them, so each indented
-    continuation line would start a new line in ``--help``."""
-    for settings in config.__mro__[:-1]:
-        for param in docstring_parser.parse_from_object(settings).params:
-            field = config.__dataclass_fields__.get(param.arg_name)  # type: ignore[attr-defined]
-            if field is not None and param.description and "help" not in field.metadata:
-                field.metadata = MappingProxyType({**field.metadata, "help": " ".join(param.description.split())})
-
-
-_help_from_docstrings(TrainConfig)
