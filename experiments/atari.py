@@ -36,19 +36,25 @@ CSV_KEYS = ("env_steps", "wall_time_s", "episode_return_mean", "episodes", "env_
             "episode_length_mean", "loss/entropy", "optim/learning_rate")
 
 
-def evaluate_milestones(run_dir: Path) -> dict[int, float]:
-    """Mean return over ``EVAL_GAMES`` games of each milestone checkpoint, kept in ``RUN/milestones.json``."""
+def evaluate_milestones(run_dir: Path) -> dict[int, dict]:
+    """``impactrl eval`` over ``EVAL_GAMES`` games of each milestone checkpoint, its JSON kept in ``RUN/milestones.json``."""
     saved_path = run_dir / "milestones.json"
     saved = {int(k): v for k, v in json.loads(saved_path.read_text()).items()} if saved_path.exists() else {}
     for checkpoint in sorted((run_dir / "checkpoints").glob("steps_*.pt")):
         steps = int(checkpoint.stem.removeprefix("steps_"))
-        if steps not in saved:
+        if not isinstance(saved.get(steps), dict):  # absent, or a bare mean from before the JSON was kept
             print(f"+ impactrl eval {checkpoint} --episodes {EVAL_GAMES}", flush=True)
             output = subprocess.run([sys.executable, "-m", "impactrl", "eval", str(checkpoint), "--episodes",
                                      str(EVAL_GAMES)], check=True, capture_output=True, text=True).stdout
-            saved[steps] = json.loads(output.strip().splitlines()[-1])["return_mean"]
-            saved_path.write_text(json.dumps(saved))
+            saved[steps] = json.loads(output.strip().splitlines()[-1])
+            saved_path.write_text(json.dumps(saved, indent=1))
     return saved
+
+
+def describe_eval(result: dict) -> str:
+    """``mean ± std``, and how many games the frame cap cut, if any."""
+    cut = result.get("episodes_cut", 0)
+    return f"{result['return_mean']:.1f} ± {result['return_std']:.1f}" + (f" ({cut} cut)" if cut else "")
 
 
 def write_csv(records: list[dict], path: Path) -> None:
@@ -95,7 +101,7 @@ def main() -> None:
                 records = read_records(run_dir)
                 write_csv(records, args.out / f"{run_dir.name}.csv")
                 means = [mean for _, mean in hundred_episode_means(records)]
-                evals = ", ".join(f"{value:.1f} at {steps / 1e6:g}M" for steps, value in
+                evals = ", ".join(f"{describe_eval(result)} at {steps / 1e6:g}M" for steps, result in
                                   sorted(evaluate_milestones(run_dir).items()))
                 last = records[-1]
                 lines.append(f"| {label} | {algo} | {seed} | {max(means, default=float('nan')):.1f} | "
