@@ -260,3 +260,35 @@ def test_a_skipped_update_leaves_neither_its_kl_nor_its_value_targets_behind():
     assert stats["impact/kl_target_online"] > 0.0
     assert algorithm.kl_sum == stats["impact/kl_target_online"]  # this update's KL only
     assert any(not torch.equal(before, after) for before, after in zip(statistics, head.buffers()))
+
+
+def test_impala_without_correction_trains_on_n_step_returns_whatever_the_lag():
+    """--off-policy-correction none: value targets are the discounted n-step returns and the advantage
+    r_t + γ v_{t+1} − V(x_t), as if the stale actor's data were on-policy (float64 reference loop)."""
+    from impactrl.algos.common import agent_outputs
+    from impactrl.ops.returns import bootstrap_truncations
+
+    config = TrainConfig(algo="impala", env="CartPole-v1", envs_per_actor=4, unrolls_per_batch=1, unroll_length=10,
+                         off_policy_correction="none", entropy_cost=0.01, baseline_cost=0.5)
+    learner, batches = collect(config, slots=1)
+    algorithm, batch, head = learner.algorithm, batches[0], learner.agent.policy_head
+    with torch.no_grad():
+        for p in learner.agent.parameters():  # the learner has moved on from the actor's policy
+            p.add_(0.05 * torch.randn_like(p))
+        loss = algorithm.loss(batch).loss
+        out = agent_outputs(learner.agent, batch)
+        logp = head.log_prob(out.policy[:-1], batch["action"])
+        assert (logp - batch["behaviour_log_prob"]).abs().max() > 1e-3
+        r, d = bootstrap_truncations(batch["reward"], batch["terminated"], batch["truncated"],
+                                     batch["truncation_value"], config.discount)
+    r, d, v = r.double(), d.double(), out.value.double()
+    targets = torch.empty_like(r)
+    following = v[-1]
+    for t in reversed(range(r.shape[0])):
+        following = r[t] + d[t] * following
+        targets[t] = following
+    next_targets = torch.cat([targets[1:], v[-1:]])
+    advantages = r + d * next_targets - v[:-1]
+    expected = (-(logp.double() * advantages).sum() + 0.5 * 0.5 * (targets - v[:-1]).pow(2).sum()
+                - 0.01 * head.entropy(out.policy[:-1]).double().sum())
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-4)

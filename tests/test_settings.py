@@ -225,3 +225,9 @@ def test_help_wraps_each_settings_docstring_as_one_paragraph(capsys, monkeypatch
     end = next(i for i in range(start, len(rows)) if rows[i].startswith("--"))
     widths = [len(row) for row in rows[start:end]]
     assert all(width > 0.75 * max(widths) for width in widths[:-1]), rows[start:end]
+
+
+def test_clip_thresholds_without_the_correction_are_warned_about(tmp_path: Path, capsys):
+    result = run_in_process(capsys, "train", "--algo", "impala", "--env", "CartPole-v1", "--off-policy-correction",
+                            "none", "--clip-rho-threshold", "0.5", "--total-env-steps", "10", "--out", str(tmp_path / "run"))
+    assert "--clip-rho-threshold is read with --off-policy-correction vtrace only" in result.stderr

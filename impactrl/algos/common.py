@@ -58,8 +58,11 @@ def rewards_and_discounts(config: TrainConfig, batch: Batch) -> tuple[torch.Tens
 
 def vtrace_targets(config: TrainConfig, batch: Batch, log_rhos: torch.Tensor, values: torch.Tensor,
                    bootstrap_value: torch.Tensor) -> VTraceReturns:
-    """V-trace value targets and advantages for a batch, with the config's ρ̄, ρ̄_pg, c̄ and λ."""
+    """V-trace value targets and advantages for a batch, with the config's ρ̄, ρ̄_pg, c̄ and λ; without
+    the correction, π/μ = 1 (n-step returns and the plain actor-critic advantage)."""
     rewards, discounts = rewards_and_discounts(config, batch)
+    if config.off_policy_correction == "none":
+        log_rhos = torch.zeros_like(log_rhos)
     return vtrace_from_importance_weights(
         log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
         clip_rho_threshold=config.clip_rho_threshold, clip_pg_rho_threshold=config.clip_pg_rho_threshold,

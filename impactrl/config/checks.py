@@ -160,7 +160,8 @@ READ_ONLY_BY = {
     "PPO": ({"ppo"}, ("gae_lambda", "update_epochs", "num_minibatches", "clip_value_loss")),
     "IMPACT and PPO": ({"impact", "ppo"}, ("clip_param", "normalize_advantages")),
     "IMPALA and IMPACT (V-trace)": ({"impala", "impact"}, ("clip_rho_threshold", "clip_pg_rho_threshold",
-                                                           "clip_c_threshold", "vtrace_lambda", "unrolls_per_batch",
+                                                           "clip_c_threshold", "vtrace_lambda", "off_policy_correction",
+                                                           "unrolls_per_batch",
                                                            "max_policy_lag", "popart_beta")),
 }
 ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "fire_reset",
@@ -181,6 +182,9 @@ def unread_settings(config: TrainConfig, given: set[str], family: str) -> list[s
     for name in sorted(unread & {n for names in OPTIMIZER_SETTINGS.values() for n in names}):
         readers = " or ".join(o for o, names in OPTIMIZER_SETTINGS.items() if name in names)
         found.append(f"--{name.replace('_', '-')} is read by --optimizer {readers} only")
+    if config.off_policy_correction == "none":
+        found += [f"--{n.replace('_', '-')} is read with --off-policy-correction vtrace only"
+                  for n in ("clip_rho_threshold", "clip_pg_rho_threshold", "clip_c_threshold") if n in given]
     if "lr_decay_env_steps" in given and not config.lr_decay:
         found.append("--lr-decay-env-steps is read with --lr-decay only")
     return found

@@ -188,6 +188,9 @@ class LossSettings:
     """V-trace c-bar: clips the trace coefficients (None = no clipping)."""
     vtrace_lambda: float = bounded(1.0, within(0, 1))
     """V-trace lambda: c_t = lambda * min(c-bar, rho_t)."""
+    off_policy_correction: Literal["vtrace", "none"] = "vtrace"
+    """none = take the actors' data as on-policy (rho = c = 1 in V-trace): the IMPALA paper's no-correction
+    baseline, an ablation."""
 
 
 @dataclass(frozen=True)
