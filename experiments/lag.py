@@ -60,6 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     corrections = args.corrections.split(",")
+    if not set(corrections) <= {"vtrace", "none"}:
+        parser.error(f"--corrections {args.corrections}: each is vtrace or none")
     seeds = [int(seed) for seed in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
