@@ -264,12 +264,13 @@ def test_a_skipped_update_leaves_neither_its_kl_nor_its_value_targets_behind():
 
 def test_impala_without_correction_trains_on_n_step_returns_whatever_the_lag():
     """--off-policy-correction none: value targets are the discounted n-step returns and the advantage
-    r_t + γ v_{t+1} − V(x_t), as if the stale actor's data were on-policy (float64 reference loop)."""
+    r_t + γ v_{t+1} − V(x_t), as if the stale actor's data were on-policy, whatever ρ̄ (float64 reference loop)."""
     from impactrl.algos.common import agent_outputs
     from impactrl.ops.returns import bootstrap_truncations
 
     config = TrainConfig(algo="impala", env="CartPole-v1", envs_per_actor=4, unrolls_per_batch=1, unroll_length=10,
-                         off_policy_correction="none", entropy_cost=0.01, baseline_cost=0.5)
+                         off_policy_correction="none", clip_rho_threshold=0.5, entropy_cost=0.01,
+                         baseline_cost=0.5)
     learner, batches = collect(config, slots=1)
     algorithm, batch, head = learner.algorithm, batches[0], learner.agent.policy_head
     with torch.no_grad():

@@ -62,7 +62,10 @@ def vtrace_targets(config: TrainConfig, batch: Batch, log_rhos: torch.Tensor, va
     the correction, π/μ = 1 (n-step returns and the plain actor-critic advantage)."""
     rewards, discounts = rewards_and_discounts(config, batch)
     if config.off_policy_correction == "none":
-        log_rhos = torch.zeros_like(log_rhos)
+        return vtrace_from_importance_weights(torch.zeros_like(log_rhos), discounts, rewards, values.detach(),
+                                              bootstrap_value.detach(), clip_rho_threshold=None,
+                                              clip_pg_rho_threshold=None, clip_c_threshold=None,
+                                              lambda_=config.vtrace_lambda)
     return vtrace_from_importance_weights(
         log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
         clip_rho_threshold=config.clip_rho_threshold, clip_pg_rho_threshold=config.clip_pg_rho_threshold,

@@ -161,8 +161,7 @@ READ_ONLY_BY = {
     "IMPACT and PPO": ({"impact", "ppo"}, ("clip_param", "normalize_advantages")),
     "IMPALA and IMPACT (V-trace)": ({"impala", "impact"}, ("clip_rho_threshold", "clip_pg_rho_threshold",
                                                            "clip_c_threshold", "vtrace_lambda", "off_policy_correction",
-                                                           "unrolls_per_batch",
-                                                           "max_policy_lag", "popart_beta")),
+                                                           "unrolls_per_batch", "max_policy_lag", "popart_beta")),
 }
 ATARI_SETTINGS = ("frame_skip", "frame_stack", "noop_max", "sticky_action_prob", "episodic_life", "fire_reset",
                   "frame_dedup")
