@@ -61,15 +61,12 @@ def vtrace_targets(config: TrainConfig, batch: Batch, log_rhos: torch.Tensor, va
     """V-trace value targets and advantages for a batch, with the config's ρ̄, ρ̄_pg, c̄ and λ; without
     the correction, π/μ = 1 (n-step returns and the plain actor-critic advantage)."""
     rewards, discounts = rewards_and_discounts(config, batch)
-    if config.off_policy_correction == "none":
-        return vtrace_from_importance_weights(torch.zeros_like(log_rhos), discounts, rewards, values.detach(),
-                                              bootstrap_value.detach(), clip_rho_threshold=None,
-                                              clip_pg_rho_threshold=None, clip_c_threshold=None,
-                                              lambda_=config.vtrace_lambda)
+    corrected = config.off_policy_correction == "vtrace"
     return vtrace_from_importance_weights(
-        log_rhos, discounts, rewards, values.detach(), bootstrap_value.detach(),
-        clip_rho_threshold=config.clip_rho_threshold, clip_pg_rho_threshold=config.clip_pg_rho_threshold,
-        clip_c_threshold=config.clip_c_threshold, lambda_=config.vtrace_lambda)
+        log_rhos if corrected else torch.zeros_like(log_rhos), discounts, rewards, values.detach(),
+        bootstrap_value.detach(), clip_rho_threshold=config.clip_rho_threshold if corrected else None,
+        clip_pg_rho_threshold=config.clip_pg_rho_threshold if corrected else None,
+        clip_c_threshold=config.clip_c_threshold if corrected else None, lambda_=config.vtrace_lambda)
 
 
 def loss_terms(agent: Agent, batch: Batch, output: AgentOutput, vtrace: VTraceReturns) -> tuple[torch.Tensor, ...]:
