@@ -24,6 +24,7 @@ from impactrl.models import (
     GaussianHead,
     MinAtarTorso,
     MLPTorso,
+    NatureCNNTorso,
     PolicyHead,
     ResNetTorso,
     RunningNorm,
@@ -50,19 +51,21 @@ def test_resnet_torso_shapes_84x84():
     assert sum(isinstance(m, torch.nn.Conv2d) for m in torso.modules()) == 15
 
 
-def test_shallow_cnn_torso_shapes():
-    torso = ShallowCNNTorso(4, 84, 84)
-    assert torso.fc.in_features == 32 * 9 * 9
+@pytest.mark.parametrize("torso_class, flat, size", [(ShallowCNNTorso, 32 * 9 * 9, 256), (NatureCNNTorso, 64 * 7 * 7, 512)])
+def test_plain_cnn_torso_shapes(torso_class, flat, size):
+    torso = torso_class(4, 84, 84)
+    assert torso.fc.in_features == flat
     out = torso(torch.zeros(3, 4, 84, 84, dtype=torch.uint8))
-    assert out.shape == (3, 256) and torso.output_size == 256
+    assert out.shape == (3, size) and torso.output_size == size
 
 
-def test_shallow_cnn_layers_start_orthogonal_with_zero_bias():
-    torso = ShallowCNNTorso(4, 84, 84)
+@pytest.mark.parametrize("torso_class, layer_count", [(ShallowCNNTorso, 3), (NatureCNNTorso, 4)])
+def test_plain_cnn_layers_start_orthogonal_with_zero_bias(torso_class, layer_count):
+    torso = torso_class(4, 84, 84)
     layers = [m for m in torso.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
-    assert len(layers) == 3
+    assert len(layers) == layer_count
     for layer in layers:
-        w = layer.weight.detach().double().flatten(1)  # rows: output units; 16x256, 32x256, 256x2592
+        w = layer.weight.detach().double().flatten(1)  # rows: output units, fewer than inputs (16x256, ...)
         torch.testing.assert_close(w @ w.T, 2.0 * torch.eye(w.shape[0], dtype=torch.float64), atol=1e-4, rtol=0)
         assert not layer.bias.any()
 
@@ -83,6 +86,7 @@ def test_dead_units_are_counted_per_relu_layer_of_the_main_path():
     features = torso(frames)
     torch.testing.assert_close(features, features[:1].expand_as(features))  # blind: one output for every frame
     assert len(MinAtarTorso(4, 10, 10).dead_unit_fractions(torch.zeros(2, 4, 10, 10))) == 2
+    assert len(NatureCNNTorso(4, 84, 84).dead_unit_fractions(frames)) == 4
     assert len(ResNetTorso(4, 84, 84).dead_unit_fractions(frames)) == 2  # residual branches not counted
     assert MLPTorso(4).dead_unit_fractions(torch.zeros(2, 4)) == []  # tanh: no ReLU layers
     assert not torso._forward_hooks and all(not m._forward_hooks for m in torso.modules())
@@ -119,7 +123,7 @@ def test_torso_cast_follows_parameter_dtype():
     assert torso(torch.zeros(1, 2, 5, 5, dtype=torch.bool)).dtype == torch.float64
 
 
-@pytest.mark.parametrize("torso_class, size", [(ShallowCNNTorso, 84), (ResNetTorso, 36)])
+@pytest.mark.parametrize("torso_class, size", [(ShallowCNNTorso, 84), (NatureCNNTorso, 84), (ResNetTorso, 36)])
 def test_a_channels_last_learner_torso_computes_what_a_contiguous_one_does(torso_class, size):
     torch.manual_seed(0)
 
@@ -154,6 +158,9 @@ def test_minatar_torso_stays_contiguous_in_the_learner():
 def test_too_small_image_is_a_user_error():
     with pytest.raises(UserError, match="channels-first"):
         ShallowCNNTorso(84, 84, 4)
+    with pytest.raises(UserError, match="nature_cnn torso needs .* at least 36x36"):
+        NatureCNNTorso(4, 35, 84)
+    NatureCNNTorso(4, 36, 36)
 
 
 # ------------------------------------------------------------------------------------- heads
@@ -372,7 +379,7 @@ def test_agent_gradients_reach_torso_core_and_heads(use_lstm):
 
 def test_build_agent_auto_torsos():
     box = lambda shape, dtype=np.float32, high=1.0: gym.spaces.Box(0, high, shape, dtype)  # noqa: E731
-    assert supported_torsos() == ("mlp", "minatar", "shallow_cnn", "resnet")
+    assert supported_torsos() == ("mlp", "minatar", "shallow_cnn", "nature_cnn", "resnet")
     assert isinstance(build_agent(box((4,)), gym.spaces.Discrete(2)).torso, MLPTorso)
     minatar = build_agent(box((4, 10, 10), bool), gym.spaces.Discrete(6))
     assert isinstance(minatar.torso, MinAtarTorso) and minatar.torso.uint8_scale == 1.0
@@ -381,6 +388,8 @@ def test_build_agent_auto_torsos():
     assert atari.core.hidden_size == 64 and atari.core.input_size == 256 + 1 + 6
     resnet = build_agent(box((4, 84, 84), np.uint8, 255), gym.spaces.Discrete(6), torso="resnet")
     assert isinstance(resnet.torso, ResNetTorso)
+    nature = build_agent(box((4, 84, 84), np.uint8, 255), gym.spaces.Discrete(6), torso="nature_cnn")
+    assert isinstance(nature.torso, NatureCNNTorso) and nature.torso.uint8_scale == pytest.approx(1 / 255)
     flat = build_agent(box((4, 10, 10), bool), gym.spaces.Discrete(6), torso="mlp", hidden_sizes=(8,))
     assert flat.torso.input_size == 400 and flat.torso.output_size == 8
     out, _ = minatar(AgentInput(torch.zeros(2, 3, 4, 10, 10, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.int64),
@@ -407,7 +416,7 @@ def test_build_agent_rejects_unsupported_actions(action_space, needle):
         assert "1-D float Box" in msg
 
 
-@pytest.mark.parametrize("torso", ["shallow_cnn", "minatar", "resnet"])
+@pytest.mark.parametrize("torso", ["shallow_cnn", "nature_cnn", "minatar", "resnet"])
 def test_build_agent_rejects_cnn_on_vector_observations(torso):
     obs = gym.spaces.Box(-1, 1, (8,), np.float32)
     with pytest.raises(UserError) as info:

@@ -141,8 +141,9 @@ class EnvSettings:
 class ModelSettings:
     """The network and the normalisation it carries."""
 
-    torso: Literal["auto", "mlp", "minatar", "shallow_cnn", "resnet"] = "auto"
-    """Feature extractor: auto picks mlp (vectors), minatar (small grids), shallow_cnn (Atari)."""
+    torso: Literal["auto", "mlp", "minatar", "shallow_cnn", "nature_cnn", "resnet"] = "auto"
+    """Feature extractor: auto picks mlp (vectors), minatar (small grids), shallow_cnn (Atari);
+    nature_cnn (the DQN Nature net, CleanRL's) and resnet (IMPALA's deep net) when asked."""
     hidden_sizes: tuple[int, ...] = bounded((64, 64), POSITIVE_INTEGERS)
     """Hidden layer sizes of the MLP torso."""
     use_lstm: bool = False

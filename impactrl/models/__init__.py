@@ -10,7 +10,14 @@ from impactrl.models.agent import (
 )
 from impactrl.models.heads import CategoricalHead, GaussianHead, PolicyHead, ValueHead
 from impactrl.models.normalization import RunningNorm
-from impactrl.models.torsos import DEAD_UNIT_SAMPLE, MinAtarTorso, MLPTorso, ResNetTorso, ShallowCNNTorso
+from impactrl.models.torsos import (
+    DEAD_UNIT_SAMPLE,
+    MinAtarTorso,
+    MLPTorso,
+    NatureCNNTorso,
+    ResNetTorso,
+    ShallowCNNTorso,
+)
 
 __all__ = [
     "DEAD_UNIT_SAMPLE",
@@ -28,5 +35,6 @@ __all__ = [
     "MLPTorso",
     "MinAtarTorso",
     "ShallowCNNTorso",
+    "NatureCNNTorso",
     "ResNetTorso",
 ]

@@ -41,6 +41,7 @@ from impactrl.models.torsos import (
     ATARI_SCALE,
     MinAtarTorso,
     MLPTorso,
+    NatureCNNTorso,
     ResNetTorso,
     ShallowCNNTorso,
 )
@@ -198,8 +199,7 @@ class Agent(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Construction from gymnasium spaces.
 
-_TORSOS = ("mlp", "minatar", "shallow_cnn", "resnet")
-_IMAGE_TORSOS = ("minatar", "shallow_cnn", "resnet")
+_TORSOS = ("mlp", "minatar", "shallow_cnn", "nature_cnn", "resnet")
 MINATAR_MAX_SIZE = 16
 
 
@@ -256,7 +256,7 @@ def build_torso(
             f"torso {torso!r} needs channels-first (C, H, W) image observations, but the observation "
             f"space is {_describe(observation_space)}; use torso='mlp'"
         )
-    cls = {"minatar": MinAtarTorso, "shallow_cnn": ShallowCNNTorso, "resnet": ResNetTorso}[torso]
+    cls = {"minatar": MinAtarTorso, "shallow_cnn": ShallowCNNTorso, "nature_cnn": NatureCNNTorso, "resnet": ResNetTorso}[torso]
     return cls(*shape, uint8_scale=scale)
 
 
@@ -343,7 +343,7 @@ def build_agent(
     """Build an agent for gymnasium spaces; raises ``UserError`` for unsupported combinations.
 
     ``torso="auto"`` picks "mlp" for 1-D observations, "minatar" for (C, H, W) images with
-    H, W ≤ 16, "shallow_cnn" for larger images; "resnet" only when asked.
+    H, W ≤ 16, "shallow_cnn" for larger images; "nature_cnn" and "resnet" only when asked.
 
     Discrete actions get a ``CategoricalHead``; 1-D float Box actions a ``GaussianHead`` with a
     state-independent log-std starting at ``log_std_init``. With ``squash_actions`` the Gaussian

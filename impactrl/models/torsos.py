@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from impactrl.errors import UserError
 
-__all__ = ["MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "ResNetTorso", "learner_channels_last", "DEAD_UNIT_SAMPLE"]
+__all__ = ["MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "NatureCNNTorso", "ResNetTorso", "learner_channels_last", "DEAD_UNIT_SAMPLE"]
 
 ATARI_SCALE = 1.0 / 255.0
 DEAD_UNIT_SAMPLE = 512  # observations a dead-unit count looks at (the learner's per metrics line, eval's)
@@ -157,32 +157,55 @@ class MinAtarTorso(_Torso):
         return self.fc_relu(self.fc(x.flatten(1)))
 
 
-class ShallowCNNTorso(_Torso):
-    """IMPALA shallow net: conv 16 8×8 s4 → ReLU → conv 32 4×4 s2 → ReLU → FC 256 → ReLU.
-    Orthogonal init (gain √2), zero bias."""
+class _ConvStackTorso(_Torso):
+    """Convolutions, each → ReLU, then FC → ReLU; orthogonal init (gain √2), zero bias. A subclass
+    names its layers: ``conv_layers`` as (channels, kernel, stride), ``fc_size``, ``min_size``."""
 
     faster_channels_last = True
+    name: str
+    conv_layers: tuple[tuple[int, int, int], ...]
+    fc_size: int
+    min_size: int  # the smallest height and width the convolutions leave a feature map for
 
     def __init__(
         self, in_channels: int, height: int, width: int, *, uint8_scale: float = ATARI_SCALE
     ) -> None:
         super().__init__(uint8_scale)
-        _check_image("shallow_cnn torso", in_channels, height, width, 20)
-        self.convs = nn.Sequential(
-            nn.Conv2d(in_channels, 16, kernel_size=8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, kernel_size=4, stride=2),
-            nn.ReLU(),
-        )
+        _check_image(f"{self.name} torso", in_channels, height, width, self.min_size)
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for out, kernel, stride in self.conv_layers:
+            layers += [nn.Conv2d(channels, out, kernel_size=kernel, stride=stride), nn.ReLU()]
+            channels = out
+        self.convs = nn.Sequential(*layers)
         flat = _flat_size(self.convs, in_channels, height, width)
-        self.fc = nn.Linear(flat, 256)
+        self.fc = nn.Linear(flat, self.fc_size)
         self.fc_relu = nn.ReLU()
-        self.output_size = 256
+        self.output_size = self.fc_size
         _orthogonal_init(self)
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.convs(self._cast(obs))
         return self.fc_relu(self.fc(x.flatten(1)))
+
+
+class ShallowCNNTorso(_ConvStackTorso):
+    """IMPALA shallow net: conv 16 8×8 s4 → ReLU → conv 32 4×4 s2 → ReLU → FC 256 → ReLU."""
+
+    name = "shallow_cnn"
+    conv_layers = ((16, 8, 4), (32, 4, 2))
+    fc_size = 256
+    min_size = 20
+
+
+class NatureCNNTorso(_ConvStackTorso):
+    """The DQN Nature paper's net (CleanRL's and Stable-Baselines3's Atari default): conv 32 8×8 s4
+    → ReLU → conv 64 4×4 s2 → ReLU → conv 64 3×3 s1 → ReLU → FC 512 → ReLU."""
+
+    name = "nature_cnn"
+    conv_layers = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    fc_size = 512
+    min_size = 36
 
 
 class _ResidualBlock(nn.Module):
