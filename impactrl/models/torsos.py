@@ -19,7 +19,9 @@ from torch import Tensor, nn
 
 from impactrl.errors import UserError
 
-__all__ = ["MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "NatureCNNTorso", "ResNetTorso", "learner_channels_last", "DEAD_UNIT_SAMPLE"]
+__all__ = [
+    "MLPTorso", "MinAtarTorso", "ShallowCNNTorso", "NatureCNNTorso", "ResNetTorso", "learner_channels_last", "DEAD_UNIT_SAMPLE",
+]
 
 ATARI_SCALE = 1.0 / 255.0
 DEAD_UNIT_SAMPLE = 512  # observations a dead-unit count looks at (the learner's per metrics line, eval's)
