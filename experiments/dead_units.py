@@ -5,7 +5,7 @@
 
 The learner's ``torso/dead_units_*`` count units that are zero on every observation of one batch,
 8 unrolls of consecutive frames: at the first metrics lines, frames near the games' start, it
-reads 43-50% for the last layer where varied frames show 1-3%. This script plays random actions
+reads 43-63% for the last layer where varied frames show 1-2%. This script plays random actions
 for ``8 x --frames`` steps (whole games, Gymnasium), keeps every 8th frame, and prints per ReLU
 layer the share of units zero on all of them, and the share of the last layer's units active on
 under 1% of them. ``--fresh`` builds untrained agents (one per seed, the observation mean taken
