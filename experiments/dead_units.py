@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import argparse
 
+import gymnasium as gym
 import numpy as np
 import torch
-import yaml
 
-from impactrl.build import make_agent, run_tasks
-from impactrl.checkpoint import load_checkpoint
-from impactrl.config import TrainConfig, coerce, with_values
 from impactrl.envs.factory import EnvOptions, make_env
+from impactrl.evaluation import load_agent
 from impactrl.models import build_agent
 
 
-def random_play_frames(env_id: str, count: int, seed: int = 0) -> torch.Tensor:
+def random_play_frames(env_id: str, count: int, seed: int = 0) -> tuple[torch.Tensor, tuple[gym.Space, gym.Space]]:
+    """``count`` frames of random play, every 8th, and the env's observation and action spaces."""
     env = make_env(env_id, EnvOptions(sticky_action_prob=0.0), seed=seed)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
@@ -38,7 +37,7 @@ def random_play_frames(env_id: str, count: int, seed: int = 0) -> torch.Tensor:
         if terminated or truncated:
             obs, _ = env.reset()
     env.close()
-    return torch.as_tensor(np.stack(frames[::8]))
+    return torch.as_tensor(np.stack(frames[::8])), (env.observation_space, env.action_space)
 
 
 def silent_units(agent, frames: torch.Tensor) -> tuple[list[float], float]:
@@ -61,12 +60,11 @@ def main() -> None:
     print("| agent | env steps | zero on every frame, per ReLU layer | last layer active on < 1% |")
     print("|---|---|---|---|")
     if args.fresh:
-        frames = random_play_frames(args.fresh, args.frames)
-        env = make_env(args.fresh, EnvOptions(sticky_action_prob=0.0))
+        frames, spaces = random_play_frames(args.fresh, args.frames)
         results = []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
-            agent = build_agent(env.observation_space, env.action_space, torso=args.torso, normalize_observations=True)
+            agent = build_agent(*spaces, torso=args.torso, normalize_observations=True)
             agent.obs_norm.update(frames)
             results.append(silent_units(agent, frames))
         layers = np.mean([layers for layers, _ in results], axis=0)
@@ -74,12 +72,8 @@ def main() -> None:
         print(f"| fresh {args.torso}, {args.seeds} seeds | 0 | {', '.join(f'{x:.3f}' for x in layers)} | {rare:.3f} |")
         return
     for path in args.checkpoints:
-        state = load_checkpoint(path)
-        config = with_values(TrainConfig(), coerce(yaml.safe_load(state["config"]), "checkpoint config"))
-        config = with_values(config, {"env_backend": "gymnasium"})  # the agent only; frames come from Gymnasium
-        agent = make_agent(config, run_tasks(config))
-        agent.load_state_dict(state["agent"])
-        layers, rare = silent_units(agent, random_play_frames(config.env, args.frames))
+        agent, config, _, state = load_agent(path)
+        layers, rare = silent_units(agent, random_play_frames(config.env, args.frames)[0])
         print(f"| {path} | {int(state['learner']['env_steps'])} | {', '.join(f'{x:.3f}' for x in layers)} | {rare:.3f} |")
 
 

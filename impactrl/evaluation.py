@@ -24,7 +24,7 @@ from impactrl.envs.factory import EnvOptions, env_family, env_spec
 from impactrl.envs.tasks import TaskSet, pad_observation, tasks_family
 from impactrl.envs.vector import ALE_MAX_FRAMES
 from impactrl.errors import UserError
-from impactrl.models import DEAD_UNIT_SAMPLE
+from impactrl.models import DEAD_UNIT_SAMPLE, Agent
 from impactrl.ops.returns import discounted_returns, explained_variance
 
 VIDEO_FPS = 30
@@ -206,6 +206,19 @@ class Played:
     dead_units: list[float]  # the torso's dead_unit_fractions on a sample of the observations played
 
 
+def load_agent(path: Path) -> tuple[Agent, TrainConfig, TaskSet, dict]:
+    """A checkpoint's agent in eval mode, its run's config (on Gymnasium: evaluation plays whole
+    games there), the run's tasks and the checkpoint itself."""
+    state = load_checkpoint(path)
+    config = with_values(TrainConfig(), coerce(yaml.safe_load(state["config"]), "checkpoint config"))
+    config = with_values(config, {"env_backend": "gymnasium"})
+    tasks = run_tasks(config)
+    agent = make_agent(config, tasks)
+    agent.load_state_dict(state["agent"])
+    agent.eval()
+    return agent, config, tasks, state
+
+
 def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bool = False,
                         num_envs: int = 8, video_dir: Path | None = None,
                         references: Sequence[Path] = (), sticky_action_prob: float | None = None,
@@ -229,13 +242,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int = 12345, greedy: bo
         raise UserError(f"--max-episode-steps must be >= 1, got {max_episode_steps}")
     if video_dir is not None:
         video_dir = video_directory(video_dir)
-    state = load_checkpoint(path)
-    config = with_values(TrainConfig(), coerce(yaml.safe_load(state["config"]), "checkpoint config"))
-    config = with_values(config, {"env_backend": "gymnasium"})  # evaluation plays whole games on Gymnasium
-    tasks = run_tasks(config)
-    agent = make_agent(config, tasks)
-    agent.load_state_dict(state["agent"])
-    agent.eval()
+    agent, config, tasks, state = load_agent(path)
     options = play_options(config, sticky_action_prob, video_dir)
     evaluation = Evaluation(agent, config, state, tasks, options, episodes, seed, greedy, min(num_envs, episodes),
                             max_episode_steps)
