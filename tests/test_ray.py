@@ -427,6 +427,17 @@ def test_rays_relayed_lines_carry_no_colour_codes_into_a_file(run_dir: Path, tmp
     assert "\x1b[" not in text, [line for line in text.splitlines() if "\x1b[" in line][:3]
 
 
+def test_plain_output_strips_every_colour_code_from_what_goes_to_a_pipe():
+    """Ray's "[repeated 2x across cluster]" suffix is green whatever RAY_COLOR_PREFIX says (the
+    raylet test above sees it only when two lines repeat): what this process writes to a file
+    after plain_output() comes without codes."""
+    coloured = "print('\\x1b[33m(raylet)\\x1b[0m died \\x1b[32m [repeated 2x across cluster]\\x1b[0m')"
+    written = subprocess.run([sys.executable, "-c", "from impactrl.runtime.ray.cluster import plain_output; "
+                              f"plain_output(); {coloured}; plain_output(); {coloured}"],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    assert written == "(raylet) died  [repeated 2x across cluster]\n" * 2
+
+
 def test_actors_lost_with_a_node_that_no_node_has_room_for_are_reported_counted_and_marked(run_dir: Path,
                                                                                            tmp_path: Path):
     """Each node holds one actor; the worker node leaves with its actor and the head has no room:

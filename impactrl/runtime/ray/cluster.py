@@ -19,8 +19,9 @@ from impactrl.config import TrainConfig, learner_resources, ray_actor_resources
 from impactrl.errors import UserError
 
 try:
+    import colorama
     import ray
-except ImportError:  # an optional extra: preflight says how to install it
+except ImportError:  # the optional extra ray: preflight says how to install it
     ray = None
 
 
@@ -181,9 +182,15 @@ def connect(config: TrainConfig) -> None:
 
 
 def plain_output() -> None:
-    """Ray colours the lines it relays from the cluster ("(raylet) ..."): not into a file or a pipe."""
-    if not (sys.stdout.isatty() and sys.stderr.isatty()) or os.environ.get("NO_COLOR"):
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    """Ray colours the lines it relays from the cluster: the "(raylet)" prefixes and, whatever
+    RAY_COLOR_PREFIX says, its "[repeated 2x across cluster]" suffix. Not into a file or a pipe, nor
+    under NO_COLOR: such a stream of this process is wrapped, once, in colorama's code stripper."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is None or isinstance(stream, colorama.ansitowin32.StreamWrapper):
+            continue
+        if os.environ.get("NO_COLOR") or not stream.isatty():
+            setattr(sys, name, colorama.AnsiToWin32(stream, convert=False, strip=True).stream)
 
 
 INSTANCE_VARIABLE = "IMPACTRL_RAY_INSTANCE"
