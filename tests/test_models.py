@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from torch.distributions import (
     kl_divergence,
 )
 
+from impactrl.config.settings import ModelSettings
 from impactrl.errors import UserError
 from impactrl.models import (
     Agent,
@@ -379,7 +382,7 @@ def test_agent_gradients_reach_torso_core_and_heads(use_lstm):
 
 def test_build_agent_auto_torsos():
     box = lambda shape, dtype=np.float32, high=1.0: gym.spaces.Box(0, high, shape, dtype)  # noqa: E731
-    assert supported_torsos() == ("mlp", "minatar", "shallow_cnn", "nature_cnn", "resnet")
+    assert ("auto", *supported_torsos()) == typing.get_args(typing.get_type_hints(ModelSettings)["torso"])  # --torso's choices
     assert isinstance(build_agent(box((4,)), gym.spaces.Discrete(2)).torso, MLPTorso)
     minatar = build_agent(box((4, 10, 10), bool), gym.spaces.Discrete(6))
     assert isinstance(minatar.torso, MinAtarTorso) and minatar.torso.uint8_scale == 1.0

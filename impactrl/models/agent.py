@@ -199,7 +199,9 @@ class Agent(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # Construction from gymnasium spaces.
 
-_TORSOS = ("mlp", "minatar", "shallow_cnn", "nature_cnn", "resnet")
+_IMAGE_TORSOS = {"minatar": MinAtarTorso, "shallow_cnn": ShallowCNNTorso, "nature_cnn": NatureCNNTorso,
+                 "resnet": ResNetTorso}
+_TORSOS = ("mlp", *_IMAGE_TORSOS)
 MINATAR_MAX_SIZE = 16
 
 
@@ -256,8 +258,7 @@ def build_torso(
             f"torso {torso!r} needs channels-first (C, H, W) image observations, but the observation "
             f"space is {_describe(observation_space)}; use torso='mlp'"
         )
-    cls = {"minatar": MinAtarTorso, "shallow_cnn": ShallowCNNTorso, "nature_cnn": NatureCNNTorso, "resnet": ResNetTorso}[torso]
-    return cls(*shape, uint8_scale=scale)
+    return _IMAGE_TORSOS[torso](*shape, uint8_scale=scale)
 
 
 def _check_action_space(action_space: gym.Space) -> int:
