@@ -429,8 +429,8 @@ def test_rays_relayed_lines_carry_no_colour_codes_into_a_file(run_dir: Path, tmp
 
 def test_plain_output_strips_every_colour_code_from_what_goes_to_a_pipe():
     """Ray's "[repeated 2x across cluster]" suffix is green whatever RAY_COLOR_PREFIX says (the
-    raylet test above sees it only when two lines repeat): what this process writes to a file
-    after plain_output() comes without codes."""
+    raylet test above sees it only when two lines repeat): what a process writes to a pipe after
+    plain_output() comes without codes, however often it was called."""
     coloured = "print('\\x1b[33m(raylet)\\x1b[0m died \\x1b[32m [repeated 2x across cluster]\\x1b[0m')"
     written = subprocess.run([sys.executable, "-c", "from impactrl.runtime.ray.cluster import plain_output; "
                               f"plain_output(); {coloured}; plain_output(); {coloured}"],

@@ -19,8 +19,8 @@ from impactrl.config import TrainConfig, learner_resources, ray_actor_resources
 from impactrl.errors import UserError
 
 try:
-    import colorama
     import ray
+    import colorama  # noqa: I001  after ray, which ships its own copy on the path
 except ImportError:  # the optional extra ray: preflight says how to install it
     ray = None
 
