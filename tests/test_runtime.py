@@ -20,7 +20,7 @@ from impactrl.config import TrainConfig
 from impactrl.data.rollout import BatchAssembler, RolloutSpec, SlotStore, data_bytes, restack_frames, to_device
 from impactrl.runtime.actor import Actor
 from impactrl.metrics import MetricsWriter
-from impactrl.runtime.learner import LEARNER_STAGES, Learner, LearnerLoop
+from impactrl.runtime.learner import LEARNER_STAGES, FrameSample, Learner, LearnerLoop
 from impactrl.runtime.local import LocalActors, SharedWeights
 from impactrl.runtime.prefetch import Prefetcher
 from impactrl.runtime.supervision import StopRequests
@@ -166,6 +166,17 @@ def wait_for(condition, failure: str, timeout_s: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, failure
         time.sleep(0.01)
+
+
+def test_the_dead_unit_sample_takes_a_different_step_of_each_of_the_newest_batches():
+    sample = FrameSample(size=12)
+    for batch in range(5):  # obs [T=3, B=4]: the value says batch, step and unroll
+        steps, unrolls = torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")
+        sample.add(100 * batch + 10 * steps + unrolls)
+        assert sample.full() == (batch >= 2)
+    frames = sample.frames()
+    assert frames.tolist() == [220, 221, 222, 223, 300, 301, 302, 303, 410, 411, 412, 413]  # batches 2-4, steps 2, 0, 1
+    assert all(kept._base is None for kept in sample.batches)  # copies: the batches they came from can be freed
 
 
 def test_full_slots_make_actors_wait():

@@ -35,6 +35,7 @@ gradients (``Learner.update``; runtime/distributed.py).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -237,9 +238,9 @@ class Learner:
         return batch
 
     def dead_units(self, obs: torch.Tensor) -> dict[str, float]:
-        """The torso's dead ReLU units (``dead_unit_fractions``) on a batch's observations
-        ``[T, B, ...]``, at most ``DEAD_UNIT_SAMPLE`` of them: the first layer and the worst."""
-        fractions = self.agent.dead_unit_fractions(obs.flatten(0, 1)[:DEAD_UNIT_SAMPLE].to(self.device))
+        """The torso's dead ReLU units (``dead_unit_fractions``) on observations ``[N, ...]``, at
+        most ``DEAD_UNIT_SAMPLE`` of them: the first layer and the worst."""
+        fractions = self.agent.dead_unit_fractions(obs[:DEAD_UNIT_SAMPLE].to(self.device))
         if not fractions:
             return {}
         return {"torso/dead_units_first_layer": fractions[0], "torso/dead_units_worst_layer": max(fractions)}
@@ -371,6 +372,33 @@ class Learner:
         restore_rng_states(state["rng"])
 
 
+class FrameSample:
+    """The newest ``size`` (or up to one batch more) observations, one per unroll of each batch,
+    from a different time step of each: a batch's own frames are consecutive and alike, and a dead-unit
+    count on them alone read units dead that fired on other frames."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.batches: collections.deque[torch.Tensor] = collections.deque()
+        self.count = 0
+        self.added = 0
+
+    def add(self, obs: torch.Tensor) -> None:
+        """One batch's observations ``[T, B, ...]``: keeps ``B`` of them, a copy so the batch can be freed."""
+        self.batches.append(obs[self.added % obs.shape[0]].clone())
+        self.added += 1
+        self.count += len(self.batches[-1])
+        while self.count - len(self.batches[0]) >= self.size:
+            self.count -= len(self.batches.popleft())
+
+    def full(self) -> bool:
+        return self.count >= self.size
+
+    def frames(self) -> torch.Tensor:
+        """``[N, ...]``, oldest first."""
+        return torch.cat(tuple(self.batches))
+
+
 class Telemetry:
     """What the loop measured since the last metrics line, and writing that line: per-interval
     statistics, the live diagnostics, the learner's time per stage and the env-step rate."""
@@ -386,7 +414,7 @@ class Telemetry:
         # Steps/s count from the first batch: the actors' start-up would make the first rate look tiny.
         self.rate_since: float | None = None
         self.steps_at_rate_start = learner.counters.env_steps
-        self.last_obs: torch.Tensor | None = None  # the newest batch's observations, for the dead-unit count
+        self.dead_unit_frames = FrameSample(DEAD_UNIT_SAMPLE)
 
     def unrolls(self, batch: Batch, meta: dict[str, torch.Tensor], lags: torch.Tensor) -> None:
         """A batch the algorithm takes (after the lag filter): its episodes, lags, ages, actors' time."""
@@ -405,8 +433,8 @@ class Telemetry:
         self.interval.add({"reward/batch_abs_max": float(batch["reward"].abs().max())})
 
     def consumed(self, obs: torch.Tensor) -> None:
-        """A batch was handed to the algorithm; ``obs`` as it saw them."""
-        self.last_obs = obs
+        """A batch was handed to the algorithm; ``obs`` ``[T, B, ...]`` as it saw them."""
+        self.dead_unit_frames.add(obs)
         if self.rate_since is None:
             self.rate_since, self.steps_at_rate_start = time.monotonic(), self.learner.counters.env_steps
 
@@ -439,8 +467,8 @@ class Telemetry:
             "time/learner_wait_fraction": stages["receive"] / elapsed,
             **{f"time/learner_{stage}_fraction": seconds / elapsed for stage, seconds in stages.items()},
         }
-        if self.last_obs is not None:
-            record.update(learner.dead_units(self.last_obs))
+        if self.dead_unit_frames.full():
+            record.update(learner.dead_units(self.dead_unit_frames.frames()))
         for actor_id, restarts in counters.actor_restarts_by_id.items():
             record.setdefault("actor", {}).setdefault(actor_id, {})["restarts"] = restarts
         for label, steps in counters.env_steps_by_task.items():
