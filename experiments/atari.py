@@ -8,8 +8,9 @@ Each run is ``impactrl train --algo A --env ID --env-backend envpool --sticky-ac
 keeps a checkpoint every ``--eval-every`` env steps; runs are skipped when finished and continued
 when stopped (experiments/common.py), one at a time. Then, per run: ``impactrl eval`` over 30 games
 of each milestone checkpoint, the best and last 100-game training mean, wall time and env steps/s,
-into ``table.md``; ``GAME-steps.png`` and ``GAME-time.png``; and ``RUN.csv``, the run's curve
-downsampled to one row per 100k env steps (small enough to keep in the repository).
+into ``table.md``, with claim (1) where a game and seed have both presets' runs; ``GAME-steps.png``
+and ``GAME-time.png``; and ``RUN.csv``, the run's curve downsampled to one row per 100k env steps
+(small enough to keep in the repository).
 ``--report-only`` trains nothing: the table, CSVs and figures of the runs as far as they got.
 """
 
@@ -72,6 +73,28 @@ def write_csv(records: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
+def first_reaching(records: list[dict], target: float) -> tuple[int, float] | None:
+    """Env steps and wall time (s) of the first 100-game training mean at or above ``target``."""
+    walls = {record["env_steps"]: record["wall_time_s"] for record in records}
+    return next(((steps, walls[steps]) for steps, mean in hundred_episode_means(records) if mean >= target), None)
+
+
+def claim_one(label: str, seed: int, impala: list[dict], impact: list[dict]) -> str:
+    """Claim (1) of the source documents on one game and seed: when IMPACT's 100-game mean first
+    reached IMPALA's last one, in env steps and wall time, against IMPALA's whole run."""
+    means = hundred_episode_means(impala)
+    if not means:
+        return f"- {label}, seed {seed}: IMPALA has no 100-game mean yet"
+    target, total = means[-1][1], impala[-1]
+    reached = first_reaching(impact, target)
+    if reached is None:
+        return f"- {label}, seed {seed}: IMPACT never reached IMPALA's last 100-game mean, {target:.1f}"
+    steps, wall = reached
+    return (f"- {label}, seed {seed}: IMPACT reached IMPALA's last 100-game mean, {target:.1f}, at {steps:,} env steps "
+            f"({steps / total['env_steps']:.2f}x IMPALA's {total['env_steps']:,}) and {wall / 3600:.2f} h "
+            f"({wall / total['wall_time_s']:.2f}x IMPALA's {total['wall_time_s'] / 3600:.2f} h)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/atari"))
@@ -83,11 +106,12 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="train nothing; report the runs as far as they got")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    claims = ["", "Claim (1), IMPACT's time to IMPALA's final score (wall times compare only from one machine):"]
     lines = ["| game | algo | seed | best 100-game mean | last 100-game mean | CleanRL PPO | eval (30 games) at env steps "
              "| env steps | wall time (h) | env steps/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for env in args.games.split(","):
         label = task_labels([env])[0]
-        runs = []
+        runs, records_of = [], {}
         for algo in args.algos.split(","):
             for seed in map(int, args.seeds.split(",")):
                 run_dir = args.out / f"{label}-{algo}-s{seed}"
@@ -98,7 +122,7 @@ def main() -> None:
                 elif not (run_dir / "metrics.jsonl").exists():
                     continue
                 runs.append(run_dir)
-                records = read_records(run_dir)
+                records = records_of[algo, seed] = read_records(run_dir)
                 write_csv(records, args.out / f"{run_dir.name}.csv")
                 means = [mean for _, mean in hundred_episode_means(records)]
                 evals = ", ".join(f"{describe_eval(result)} at {steps / 1e6:g}M" for steps, result in
@@ -108,10 +132,13 @@ def main() -> None:
                              f"{means[-1] if means else float('nan'):.1f} | {CLEANRL_PPO.get(label, '-')} | {evals} | "
                              f"{last['env_steps']:,} | {last['wall_time_s'] / 3600:.2f} | "
                              f"{last['env_steps'] / last['wall_time_s']:,.0f} |")
+        claims += [claim_one(label, seed, records_of["impala", seed], records_of["impact", seed])
+                   for seed in map(int, args.seeds.split(","))
+                   if ("impala", seed) in records_of and ("impact", seed) in records_of]
         for x, suffix in (("env_steps", "steps"), ("wall_time_s", "time")) if runs else ():
             impactrl("plot", *map(str, runs), "--x", x, "--smooth", "500000", "--out", str(args.out / f"{label}-{suffix}.png"),
                      "--title", f"{env}: {args.algos}, seeds {args.seeds} ({EPISODES}-game means in the table)")
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines + (claims if len(claims) > 2 else [])) + "\n"
     (args.out / "table.md").write_text(text)
     print(text)
 
