@@ -232,7 +232,8 @@ def evaluate(argv: Sequence[str]) -> int:
 
 def plot(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="impactrl plot", description="Plot learning curves of runs into a PNG.")
-    parser.add_argument("runs", type=Path, nargs="+", help="run directories (each with metrics.jsonl), or one "
+    parser.add_argument("runs", type=Path, nargs="+", help="run directories (each with metrics.jsonl) or curves kept as "
+                        "CSV (a header of metric names, a row of numbers per line: docs/curves), or one "
                         "impactrl tune experiment (a curve per trial, the best trial's lineage marked)")
     parser.add_argument("--out", type=Path, default=Path("curves.png"), help="PNG to write (default curves.png)")
     parser.add_argument("--x", default="env_steps", help="x axis key (default env_steps; wall_time_s for time)")

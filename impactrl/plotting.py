@@ -1,4 +1,4 @@
-"""``impactrl plot``: learning curves from one or more runs' ``metrics.jsonl``.
+"""``impactrl plot``: learning curves from one or more runs' ``metrics.jsonl`` (or curves kept as CSV).
 
 Runs whose settings differ only in their seed (and directory) are one curve: the mean over the
 seeds with the band from their lowest to their highest value, over the x range all of them
@@ -8,6 +8,7 @@ steps (or the chosen x), with every single-task run on that task in the same pan
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 from pathlib import Path
@@ -21,11 +22,32 @@ from impactrl.metrics import read_metrics
 
 
 def read_records(run_dir: Path) -> list[dict]:
+    """A run directory's metrics lines, or the rows of a curve kept as CSV (``is_curve_file``)."""
+    if is_curve_file(run_dir):
+        return read_curve_file(Path(run_dir))
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise UserError(f"{run_dir} has no metrics.jsonl")
     # A line that is JSON but no object (null, a list) holds no metrics: left out, as a cut last line is.
     return [record for record in read_metrics(path) if isinstance(record, dict)]
+
+
+def is_curve_file(path: Path) -> bool:
+    """A CSV of metrics rows (a header of keys, a row per line), as experiments/ keep a run's curve
+    in docs/curves: drawn beside runs, to compare a run with a published one."""
+    return Path(path).suffix == ".csv"
+
+
+def read_curve_file(path: Path) -> list[dict]:
+    try:
+        with open(path, newline="") as file:
+            rows = list(csv.DictReader(file))
+    except OSError as error:
+        raise UserError(f"{path}: cannot read it ({error.strerror or error})") from None
+    try:
+        return [{key: float(value) if value else None for key, value in row.items()} for row in rows]
+    except (TypeError, ValueError):
+        raise UserError(f"{path}: a curve CSV holds a header of metric names and rows of numbers") from None
 
 
 def read_curve(run_dir: Path, x_key: str, y_key: str) -> tuple[list[float], list[float]]:
@@ -73,7 +95,7 @@ def seed_groups(run_dirs: Sequence[Path]) -> list[list[Path]]:
 
 def group_label(run_dirs: Sequence[Path]) -> str:
     """A run's name; for several seeds their common name without its seed suffix, and the count."""
-    names = [Path(run_dir).name for run_dir in run_dirs]
+    names = [Path(run_dir).name.removesuffix(".csv") for run_dir in run_dirs]
     if len(names) == 1:
         return names[0]
     common = re.sub(r"[-_]?(s|seed)?$", "", os.path.commonprefix(names).rstrip("-_"))

@@ -8,7 +8,7 @@ import numpy as np
 
 from impactrl.config import TrainConfig, to_yaml
 from conftest import run_cli
-from impactrl.plotting import group_label, mean_band, plot_runs, seed_groups, trailing_mean
+from impactrl.plotting import group_label, mean_band, plot_runs, read_records, seed_groups, trailing_mean
 
 
 def write_run(run_dir: Path, config: TrainConfig, steps: list[int], returns: list[float]) -> Path:
@@ -59,3 +59,20 @@ def test_smoothing_averages_over_a_span_of_x_whatever_the_log_interval(tmp_path:
     assert run_cli("plot", str(run), "--smooth", "100", "--out", str(out), check=True) and out.stat().st_size > 0
     error = run_cli("plot", str(run), "--smooth", "0", "--out", str(out))
     assert error.returncode == 2 and "--smooth must be a positive span" in error.stderr
+
+
+def test_a_curve_kept_as_csv_is_drawn_beside_runs(tmp_path: Path):
+    kept = Path(__file__).parent.parent / "docs" / "curves" / "Breakout-impact-ent0.01-s1.csv"
+    records = read_records(kept)
+    assert records[-1]["env_steps"] == 10_000_000 and all(isinstance(r["return_100_games"], (float, type(None)))
+                                                          for r in records)
+    assert group_label([kept]) == "Breakout-impact-ent0.01-s1"
+    run = write_run(tmp_path / "mine", TrainConfig(env="ALE/Breakout-v5"), [0, 5_000_000], [1.0, 100.0])
+    out = tmp_path / "against.png"
+    assert run_cli("plot", str(run), str(kept), "--smooth", "500000", "--out", str(out), check=True)
+    assert out.stat().st_size > 0
+    garbled = tmp_path / "garbled.csv"
+    garbled.write_text("env_steps,episode_return_mean\n100,not a number\n")
+    for path, message in ((garbled, "a header of metric names and rows of numbers"), (tmp_path / "none.csv", "cannot read it")):
+        error = run_cli("plot", str(path), "--out", str(out))
+        assert error.returncode != 0 and message in error.stderr and "Traceback" not in error.stderr
