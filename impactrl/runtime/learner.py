@@ -238,9 +238,9 @@ class Learner:
         return batch
 
     def dead_units(self, obs: torch.Tensor) -> dict[str, float]:
-        """The torso's dead ReLU units (``dead_unit_fractions``) on observations ``[N, ...]``, at
-        most ``DEAD_UNIT_SAMPLE`` of them: the first layer and the worst."""
-        fractions = self.agent.dead_unit_fractions(obs[:DEAD_UNIT_SAMPLE].to(self.device))
+        """The torso's dead ReLU units (``dead_unit_fractions``) on observations ``[N, ...]``, the
+        last ``DEAD_UNIT_SAMPLE`` of them: the first layer and the worst."""
+        fractions = self.agent.dead_unit_fractions(obs[-DEAD_UNIT_SAMPLE:].to(self.device))
         if not fractions:
             return {}
         return {"torso/dead_units_first_layer": fractions[0], "torso/dead_units_worst_layer": max(fractions)}
