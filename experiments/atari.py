@@ -59,13 +59,15 @@ def describe_eval(result: dict) -> str:
 
 
 def write_csv(records: list[dict], path: Path) -> None:
-    """The last metrics line of every ``CSV_STEP`` env steps, and the 100-game mean there."""
+    """The last metrics line of every ``CSV_STEP`` env steps, and the 100-game mean as of it (the
+    latest one at or before it: a line that ended no game keeps the games before it)."""
     means = dict(hundred_episode_means(records))
-    rows, next_step = [], CSV_STEP
+    rows, next_step, latest = [], CSV_STEP, None
     for index, record in enumerate(records):
+        latest = means.get(record["env_steps"], latest)
         last = index == len(records) - 1
         if record["env_steps"] >= next_step or last:
-            rows.append({**{key: record.get(key) for key in CSV_KEYS}, "return_100_games": means.get(record["env_steps"])})
+            rows.append({**{key: record.get(key) for key in CSV_KEYS}, "return_100_games": latest})
             next_step = (record["env_steps"] // CSV_STEP + 1) * CSV_STEP
     with open(path, "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=[*CSV_KEYS, "return_100_games"])
