@@ -265,7 +265,7 @@ class OptimizerSettings:
     budget ends first (then the schedule depends on the machine's speed)."""
     lr_decay_env_steps: int | None = bounded(None, at_least(1))
     """Anneal over this many env steps, not over total_env_steps or max_wall_time_s: a run capped
-    sooner keeps a longer run's schedule (e.g. a preset's); None = as lr_decay says."""
+    sooner keeps a longer run's schedule (to compare the two, or to branch one); None = as lr_decay says."""
     grad_norm_clip: float = bounded(40.0, above(0, finite=True))
     """Clip the global gradient norm to this value."""
     learner_precision: Literal["float32", "bfloat16"] = "float32"
